@@ -1,0 +1,14 @@
+"""Speculative decoding: the loop, verification, KV rollback and draft-length policies."""
+
+from draftsmith.decoding.decoder import GenerationResult, GenerationStats, SpeculativeDecoder
+from draftsmith.decoding.policy import DraftLengthPolicy
+from draftsmith.decoding.verify import verify_greedy, verify_sampling
+
+__all__ = [
+    "DraftLengthPolicy",
+    "GenerationResult",
+    "GenerationStats",
+    "SpeculativeDecoder",
+    "verify_greedy",
+    "verify_sampling",
+]

@@ -1,0 +1,154 @@
+"""Tiny random targets and hand-written drafters shared by the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from draftsmith.heads.base import Draft, Drafter
+from draftsmith.sampling import SamplingParams, probabilities
+
+torch.set_num_threads(2)
+
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    # A wide init gives peaked, far-from-tied logits, so float32 identity tests are meaningful.
+    initializer_range=0.2,
+    bos_token_id=0,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """A 2-layer random causal LM (float32, eval mode) from a real transformers config class."""
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[arch]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**TINY, **overrides})).eval()
+    model.generation_config = GenerationConfig(eos_token_id=None, pad_token_id=0)
+    return model
+
+
+def perturbed_copy(model, scale: float, seed: int = 1):
+    """A copy of model with Gaussian noise on its weights: a draft model that agrees partly."""
+    copy = type(model)(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    copy.generation_config = model.generation_config
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp_min(1e-3))
+    return copy
+
+
+def greedy_reference(model, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
+    """The target's own greedy continuation via Hugging Face generate."""
+    out = model.generate(
+        prompt[None], do_sample=False, max_new_tokens=max_new_tokens, attention_mask=None
+    )
+    return out[0, prompt.numel() :].tolist()
+
+
+@pytest.fixture(scope="session")
+def llama():
+    return tiny_model("llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen2():
+    return tiny_model("qwen2", seed=3)
+
+
+class MarkovTarget(torch.nn.Module):
+    """A hand-written target: the next-token logits depend only on the previous token.
+
+    It quacks like a transformers causal LM for the decoder (logits, a growing DynamicCache),
+    and its exact sequence probabilities make distribution tests precise.
+    """
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table  # (V, V) logits of the next token given the previous one
+        self.config = PretrainedConfig(vocab_size=table.shape[0], max_position_embeddings=64)
+        self.generation_config = GenerationConfig(eos_token_id=None)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def forward(self, input_ids, cache: DynamicCache, use_cache=True, **_):
+        n = input_ids.shape[1]
+        dummy = torch.zeros(1, 1, n, 1)
+        cache.update(dummy, dummy, layer_idx=0)
+        return _Output(logits=self.table[input_ids])
+
+
+class _Output:
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+        self.hidden_states = None
+
+
+class TableDrafter(Drafter):
+    """Drafts from hand-written per-position logits (k, V), sampling from them under sampling."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+        self.vocab_size = logits.shape[-1]
+
+    def start(self, prompt_ids, target_features=None) -> None:
+        pass
+
+    def propose(self, max_tokens, sampling: SamplingParams, generator=None, stop=None) -> Draft:
+        logits = self.logits[:max_tokens]
+        probs = probabilities(logits, sampling)
+        if sampling.greedy:
+            tokens = logits.argmax(-1)
+        else:
+            tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        return Draft(tokens=tokens, probs=None if sampling.greedy else probs, logits=logits)
+
+    def commit(self, tokens, target_features=None) -> None:
+        pass
+
+
+class OracleDrafter(Drafter):
+    """Greedy stub that knows the target's greedy continuation and gets the first j draft tokens
+    of every round right, then proposes a wrong token: accept-all, reject-all, accept-first-j."""
+
+    def __init__(self, reference: list[int], vocab_size: int, correct: int) -> None:
+        self.reference = reference
+        self.vocab_size = vocab_size
+        self.correct = correct
+        self.committed = 0
+
+    def start(self, prompt_ids, target_features=None) -> None:
+        self.committed = 0
+
+    def propose(self, max_tokens, sampling, generator=None, stop=None) -> Draft:
+        upcoming = self.reference[self.committed : self.committed + max_tokens]
+        tokens = [
+            t if i < self.correct else (t + 1) % self.vocab_size for i, t in enumerate(upcoming)
+        ]
+        return Draft(tokens=torch.tensor(tokens, dtype=torch.long))
+
+    def commit(self, tokens, target_features=None) -> None:
+        self.committed += tokens.numel()
