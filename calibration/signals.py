@@ -1,0 +1,117 @@
+"""Confidence signals of a draft, computed from its logits alone.
+
+One softmax and one top-2 per draft and no extra forward pass, so the decoder can afford them on
+every draft; the calibrators are fitted on exactly these numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+SIGNAL_NAMES: tuple[str, ...] = (
+    "top1_prob",
+    "margin",
+    "entropy",
+    "position",
+    "path_prob",
+    "composite",
+)
+"""Every signal `confidence_signals` returns, in a fixed order."""
+
+PROBABILITY_SIGNALS: frozenset[str] = frozenset({"top1_prob", "margin", "path_prob", "composite"})
+"""The signals that lie in [0, 1], so they can be read as a confidence without a calibrator."""
+
+
+def check_logits(logits: torch.Tensor, name: str = "logits") -> None:
+    """Raise a ValueError unless logits (N, V) is a float tensor every row of which has a softmax.
+
+    -inf marks a masked token and is allowed; NaN, +inf and rows without a finite entry are not.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or not logits.is_floating_point():
+        shape = tuple(logits.shape) if hasattr(logits, "shape") else type(logits).__name__
+        raise ValueError(f"{name} must be a float tensor (N, V), got {shape}")
+    if logits.shape[1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary dimension: shape {tuple(logits.shape)}")
+    if logits.shape[0] == 0:
+        return
+    bad = torch.isnan(logits) | torch.isposinf(logits)
+    dead = ~torch.isfinite(logits.max(dim=-1).values)
+    # One device sync on the happy path; the diagnosis below only runs on failure.
+    if bool(bad.any() | dead.any()):
+        rows = torch.nonzero(bad.any(-1) | dead).flatten().tolist()
+        raise ValueError(
+            f"{name} has NaN, +inf or all -inf values in {len(rows)} of {logits.shape[0]} rows "
+            f"(first: row {rows[0]}); check the drafter's forward pass (overflow in half "
+            "precision, a fully masked vocabulary)"
+        )
+
+
+def confidence_signals(logits: torch.Tensor, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+    """Per drafted token confidence signals from the draft logits.
+
+    Args:
+        logits (k, V): raw draft logits, one row per drafted position, in draft order.
+        temperature: the sampling temperature the draft is made at; 1.0 for greedy decoding.
+
+    Returns:
+        A dict keyed by `SIGNAL_NAMES`, each (k,) float32 on the logits' device:
+
+        - `top1_prob`: largest probability of the draft distribution softmax(logits / T).
+        - `margin`: top-1 minus top-2 probability (equals top1_prob when V == 1).
+        - `entropy`: entropy of the draft distribution in nats.
+        - `position`: 0-based position in the draft.
+        - `path_prob`: cumulative product of top1_prob along the draft, the draft's own estimate
+          that the whole prefix up to here survives when every token is its argmax.
+        - `composite`: top1_prob * exp(-entropy). exp(-entropy) is one over the distribution's
+          perplexity (its effective number of candidates), so the composite discounts the top-1
+          probability by how spread the rest of the distribution is; it lies in (0, 1] and is 1
+          only for a one-hot draft.
+    """
+    check_logits(logits)
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    top = probs.topk(min(2, probs.shape[-1]), dim=-1).values
+    top1 = top[:, 0]
+    top2 = top[:, 1] if top.shape[1] > 1 else torch.zeros_like(top1)
+    # entr(0) = 0, so masked (-inf) tokens add nothing instead of 0 * log 0 = NaN.
+    entropy = torch.special.entr(probs).sum(-1)
+    return {
+        "top1_prob": top1,
+        "margin": top1 - top2,
+        "entropy": entropy,
+        "position": torch.arange(logits.shape[0], dtype=torch.float32, device=logits.device),
+        "path_prob": torch.cumprod(top1, dim=0),
+        "composite": top1 * torch.exp(-entropy),
+    }
+
+
+def signal_matrix(
+    signals: Mapping[str, torch.Tensor | np.ndarray], names: Sequence[str]
+) -> np.ndarray:
+    """Stack the named signals, each (N,), into a float64 feature matrix (N, len(names))."""
+    if not names:
+        raise ValueError("name at least one signal to stack")
+    unknown = [n for n in names if n not in SIGNAL_NAMES]
+    if unknown:
+        raise ValueError(f"unknown signals {unknown}; known signals: {list(SIGNAL_NAMES)}")
+    missing = [n for n in names if n not in signals]
+    if missing:
+        raise ValueError(f"signals {missing} are missing; got {sorted(signals)}")
+    columns = []
+    for name in names:
+        value = signals[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().double().numpy()
+        column = np.asarray(value, dtype=np.float64)
+        if column.ndim != 1:
+            raise ValueError(f"signal {name!r} must be (N,), got shape {column.shape}")
+        columns.append(column)
+    lengths = {c.shape[0] for c in columns}
+    if len(lengths) > 1:
+        raise ValueError(f"signals {list(names)} have different lengths {sorted(lengths)}")
+    return np.stack(columns, axis=1)

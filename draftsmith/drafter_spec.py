@@ -1,0 +1,36 @@
+"""Build a drafter from a command-line spec: `draft-model:NAME_OR_PATH` or `ngram[:N]`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from draftsmith.heads import Drafter, DraftModelDrafter, NgramDrafter
+from draftsmith.models import check_same_vocabulary, load_model
+
+SPEC_HELP = (
+    "draft-model:NAME_OR_PATH (a causal LM sharing the target's vocabulary) or ngram[:MAX_N]"
+)
+
+
+@dataclass
+class BuiltDrafter:
+    drafter: Drafter
+    hf_assist: dict = field(default_factory=dict)
+    """The `generate` arguments of Hugging Face's counterpart (for side-by-side benchmarks)."""
+
+
+def build_drafter(
+    spec: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: str = "auto"
+) -> BuiltDrafter:
+    kind, _, arg = spec.partition(":")
+    if kind == "draft-model" and arg:
+        model, draft_tokenizer = load_model(arg, dtype=dtype, device=str(target.device))
+        check_same_vocabulary(tokenizer, draft_tokenizer, arg)
+        return BuiltDrafter(DraftModelDrafter(model), {"assistant_model": model})
+    if kind == "ngram":
+        drafter = NgramDrafter(max_ngram=int(arg)) if arg else NgramDrafter()
+        assist = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": drafter.max_ngram}
+        return BuiltDrafter(drafter, assist)
+    raise ValueError(f"unknown drafter spec {spec!r}; expected {SPEC_HELP}")

@@ -1,0 +1,62 @@
+"""Loading targets and draft models by zoo name, local folder or hub id, at a chosen precision."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from draftsmith.zoo import resolve_model
+
+logger = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype | str] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "auto": "auto",
+}
+
+
+def load_model(
+    name_or_path: str, *, dtype: str = "auto", device: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, in eval mode.
+
+    name_or_path: a zoo name (fetched on first use), a local folder or a hub id.
+    dtype: float32, bfloat16, float16, or auto (the checkpoint's own precision).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    path = resolve_model(name_or_path)
+    logger.info("loading %s from %s (%s)", name_or_path, path, dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"could not load model {name_or_path!r} from {path!r}: give a zoo name "
+            "(smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder holding a "
+            f"transformers checkpoint, or a hub id where a hub is reachable ({err})"
+        ) from err
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tokenizer
+
+
+def check_same_vocabulary(
+    target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase, draft_name: str
+) -> None:
+    """Raise if the draft's tokenizer maps any token to another id than the target's."""
+    if target.get_vocab() != draft.get_vocab():
+        raise ValueError(
+            f"the draft model {draft_name!r} uses another tokenizer than the target "
+            f"({len(draft)} vs {len(target)} tokens, or the same size with other ids): "
+            "a draft model must share the target's vocabulary"
+        )
