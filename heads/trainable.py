@@ -1,0 +1,77 @@
+"""The training-side contract of every learned drafter head.
+
+The trainer never branches on a head's kind: it runs the frozen target, hands each head the
+target features it asked for, and scores the head's per-step logits against the target's own
+distributions with one objective (`draftsmith.train.objectives`). Kinds differ in what their
+`forward_train` does with those inputs.
+
+Alignment convention (all kinds): `forward_train` returns K tensors of logits; step k (0-based)
+at position t predicts the token at position t + 1 + k, so it is scored against the target's
+logits at position t + k (which predict that same token). Positions whose label falls outside
+the sequence are ignored by the objective.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from draftsmith.heads.base import Drafter
+
+
+@dataclass
+class TargetBatch:
+    """What the frozen target provides for one training batch."""
+
+    input_ids: torch.Tensor
+    """(B, T) int64 token ids."""
+    loss_mask: torch.Tensor
+    """(B, T) bool/0-1: positions whose next-token prediction is trained on."""
+    features: torch.Tensor | None
+    """(B, T, F) the target hidden states the head reads (its `target_feature_layers`,
+    concatenated along the last dim), or None for heads that read none (draft models)."""
+    target_logits: torch.Tensor
+    """(B, T, V) the target's next-token logits at every position."""
+
+
+class DraftHead(nn.Module, ABC):
+    """A trainable drafter built from the target's config; exported as a draftsmith artifact."""
+
+    kind: str
+    """Registered drafter kind (also the `drafter` field of the artifact's config.json)."""
+    target_feature_layers: tuple[int, ...] = ()
+    """Indices into the target's `hidden_states` output (0 = embeddings, N = last layer)."""
+    num_steps: int = 1
+    """K: how many future tokens `forward_train` predicts per position."""
+
+    @classmethod
+    @abstractmethod
+    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> DraftHead:
+        """Build a freshly initialised head sized for the target."""
+
+    @abstractmethod
+    def hyper_parameters(self) -> dict:
+        """JSON-serialisable keyword arguments that rebuild this head via from_target_config."""
+
+    @abstractmethod
+    def bind_target(self, target: PreTrainedModel) -> None:
+        """Attach the target's frozen modules the head shares (embeddings, LM head). They are not
+        part of the head's own parameters and are never saved in its artifact."""
+
+    @abstractmethod
+    def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
+        """K logits tensors, each (B, T, V) (V may be the reduced draft vocabulary; see
+        `draft_to_target`), step k at position t predicting token t + 1 + k."""
+
+    @abstractmethod
+    def as_drafter(self, target: PreTrainedModel) -> Drafter:
+        """The inference-side `Drafter` running this head next to `target`."""
+
+    def draft_to_target(self) -> torch.Tensor | None:
+        """(V_draft,) int64 map from draft-vocabulary ids to target ids, or None when the head
+        predicts over the full target vocabulary."""
+        return None
