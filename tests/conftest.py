@@ -152,3 +152,17 @@ class OracleDrafter(Drafter):
 
     def commit(self, tokens, target_features=None) -> None:
         self.committed += tokens.numel()
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer():
+    """A byte-level tokenizer with 256 ids (no merges), matching the tiny models' vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
