@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -22,6 +24,13 @@ class DraftModelDrafter(Drafter):
         self.model = model.eval()
         self.vocab_size = model.config.get_text_config().vocab_size
         self._cache_argument = cache_argument(model)
+        # Only the last position's logits are needed; skipping the LM head elsewhere matters when
+        # a round feeds several tokens and the vocabulary is large.
+        self._last_logits_only = (
+            {"logits_to_keep": 1}
+            if "logits_to_keep" in inspect.signature(model.forward).parameters
+            else {}
+        )
         self._committed: list[int] = []
         self._cached: list[int] = []  # tokens whose keys/values are in the cache, in order
         self._cache = DynamicCache()
