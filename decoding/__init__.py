@@ -1,6 +1,11 @@
 """Speculative decoding: the loop, verification, KV rollback and draft-length policies."""
 
-from draftsmith.decoding.decoder import GenerationResult, GenerationStats, SpeculativeDecoder
+from draftsmith.decoding.decoder import (
+    GenerationResult,
+    GenerationStats,
+    RoundRecord,
+    SpeculativeDecoder,
+)
 from draftsmith.decoding.policy import DraftLengthPolicy
 from draftsmith.decoding.verify import verify_greedy, verify_sampling
 
@@ -8,6 +13,7 @@ __all__ = [
     "DraftLengthPolicy",
     "GenerationResult",
     "GenerationStats",
+    "RoundRecord",
     "SpeculativeDecoder",
     "verify_greedy",
     "verify_sampling",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -60,6 +60,20 @@ class GenerationStats:
 
 
 @dataclass
+class RoundRecord:
+    """What one draft-and-verify round saw, for observers (calibration data collection)."""
+
+    draft: Draft
+    target_logits: torch.Tensor
+    """(k+1, V) float32 target logits at the verified positions."""
+    n_accepted: int
+    sampling: SamplingParams
+
+
+RoundHook = Callable[[RoundRecord], None]
+
+
+@dataclass
 class GenerationResult:
     tokens: list[int]
     """The generated token ids (prompt excluded)."""
@@ -108,8 +122,12 @@ class SpeculativeDecoder:
         top_p: float | None = None,
         seed: int | None = None,
         stop_strings: Sequence[str] | None = None,
+        on_round: RoundHook | None = None,
     ) -> GenerationResult:
-        """Generate up to max_new_tokens after the prompt (a string needs a tokenizer)."""
+        """Generate up to max_new_tokens after the prompt (a string needs a tokenizer).
+
+        on_round, if given, is called after every verification with a `RoundRecord`.
+        """
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
         prompt = self._prompt_ids(prompt_or_ids, max_new_tokens)
         if stop_strings and self.tokenizer is None:
@@ -132,6 +150,8 @@ class SpeculativeDecoder:
             logits, features = target.forward(torch.cat([torch.tensor([last_token]), draft.tokens]))
             n_accepted, next_token = self._verify(logits, draft, sampling, generator)
             stats.record_round(len(draft), n_accepted)
+            if on_round is not None:
+                on_round(RoundRecord(draft, logits, n_accepted, sampling))
             new_tokens = draft.tokens[:n_accepted].tolist() + [next_token]
             # Drop the rejected positions: the cache keeps every committed token but the newest.
             target.rollback(target.length - (len(draft) - n_accepted))
