@@ -1,0 +1,371 @@
+"""Document sources: each one becomes a `datasets.Dataset` of documents in one schema.
+
+A document is one row of `DOCUMENT_FEATURES`:
+
+    id        str    stable key of the document; the train / held-out split hashes it
+    text      str    plain text or code (None for chat records)
+    messages  list   chat turns [{"role", "content"}, ...] (None for text records)
+
+Sources (see `load_source`):
+
+- ``stdlib``: the running interpreter's standard library, one document per ``.py`` file, keyed
+  by its path relative to ``sysconfig.get_paths()["stdlib"]`` (``json/decoder.py``).
+  ``site-packages`` is skipped; test modules (see `is_stdlib_test`) only on request.
+- ``chitchat``: the 7,168 human conversations of the PyPI package ``chitchat-dataset==0.9.0``,
+  fetched once with pip into ``$DRAFTSMITH_HOME/data/`` (see `chitchat_path`).
+- a local ``.jsonl`` / ``.json`` / ``.parquet`` file, a text file (any other suffix), or a
+  folder of such files.
+- anything else is passed to `datasets.load_dataset` as a Hugging Face hub name.
+
+This module only reads; splitting, rendering and packing live in `draftsmith.train.data`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tokenize
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+from datasets import Dataset, Features, List, Value
+from datasets.exceptions import DatasetGenerationError
+
+from draftsmith.zoo import default_home
+
+__all__ = [
+    "CHITCHAT_REQUIREMENT",
+    "DOCUMENT_FEATURES",
+    "OFFLINE_SOURCES",
+    "SourceError",
+    "chitchat_conversations",
+    "chitchat_path",
+    "chitchat_records",
+    "is_stdlib_test",
+    "load_source",
+    "stdlib_files",
+    "stdlib_root",
+]
+
+DOCUMENT_FEATURES = Features(
+    {
+        "id": Value("string"),
+        "text": Value("string"),
+        "messages": List({"role": Value("string"), "content": Value("string")}),
+    }
+)
+"""The schema every source is normalized to."""
+
+OFFLINE_SOURCES = ("stdlib", "chitchat")
+"""Source names that need no hub (chitchat needs PyPI once)."""
+
+CHITCHAT_REQUIREMENT = "chitchat-dataset==0.9.0"
+_CHITCHAT_MEMBER = "chitchat_dataset/dataset.json"
+_CHITCHAT_SHA256 = "d2a5d0bf6acf354fef51f3af39cbece2220d3b8f6086b658c3d335105798312a"
+
+_TEST_DIRS = frozenset({"test", "tests", "idle_test"})
+_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+_TABLE_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_PATH_SUFFIXES = {*_TABLE_SUFFIXES, ".txt", ".md", ".py", ".csv", ".gz"}
+# ShareGPT-style records name their turns {"from", "value"} with these roles.
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user"}
+
+
+class SourceError(ValueError):
+    """A data source is missing, unreadable, empty or unreachable; the message says the fix."""
+
+
+def load_source(
+    source: str,
+    *,
+    include_tests: bool = False,
+    text_sample_by: str = "document",
+    hub_config: str | None = None,
+    hub_split: str = "train",
+) -> Dataset:
+    """All documents of `source` (both splits), in `DOCUMENT_FEATURES`' schema.
+
+    Args:
+        source: ``stdlib``, ``chitchat``, a local file or folder, or a hub dataset name.
+        include_tests: stdlib only: keep test modules too.
+        text_sample_by: text files only: ``document`` (one document per file), ``paragraph``
+            or ``line`` (as `datasets`' text builder cuts them).
+        hub_config, hub_split: hub datasets only: the configuration and split to read.
+    """
+    if source == "stdlib":
+        return _stdlib_dataset(include_tests)
+    if source == "chitchat":
+        return Dataset.from_list(list(chitchat_records()), features=DOCUMENT_FEATURES)
+    path = Path(source).expanduser()
+    if path.exists():
+        return _normalize(_load_local(path, text_sample_by), source)
+    if _looks_like_path(source):
+        raise SourceError(
+            f"data source {source!r} does not exist. Give an existing .jsonl/.json/.parquet/text "
+            f"file or folder, or one of the offline sources {', '.join(OFFLINE_SOURCES)}."
+        )
+    return _normalize(_load_hub(source, hub_config, hub_split), source)
+
+
+# --------------------------------------------------------------------------------------------
+# stdlib
+# --------------------------------------------------------------------------------------------
+
+
+def stdlib_root() -> Path:
+    """The running interpreter's standard library folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_stdlib_test(relpath: str) -> bool:
+    """Whether a stdlib module is test code: it lives under a ``test`` / ``tests`` /
+    ``idle_test`` folder (this covers the whole ``test`` package) or is named ``test_*.py``."""
+    parts = Path(relpath).parts
+    return bool(_TEST_DIRS.intersection(parts[:-1])) or parts[-1].startswith("test_")
+
+
+def stdlib_files(include_tests: bool = False) -> list[str]:
+    """Relative posix paths of the stdlib's ``.py`` files, sorted; ``site-packages`` excluded."""
+    root = stdlib_root()
+    paths = []
+    for path in root.rglob("*.py"):
+        relpath = path.relative_to(root).as_posix()
+        parts = relpath.split("/")
+        if _SKIP_DIRS.intersection(parts[:-1]):
+            continue
+        if include_tests or not is_stdlib_test(relpath):
+            paths.append(relpath)
+    return sorted(paths)
+
+
+def read_python_source(path: Path) -> str:
+    """A .py file's text in the encoding its coding cookie declares (PEP 263).
+
+    A few stdlib test files declare an encoding they do not use on purpose; those decode with
+    replacement characters rather than failing the whole corpus.
+    """
+    data = path.read_bytes()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError):
+        return data.decode("utf-8", errors="replace")
+
+
+def _stdlib_dataset(include_tests: bool) -> Dataset:
+    root = stdlib_root()
+    rows: dict[str, list[Any]] = {"id": [], "text": [], "messages": []}
+    for relpath in stdlib_files(include_tests):
+        text = read_python_source(root / relpath)
+        if text.strip():  # dozens of empty __init__.py files carry nothing to learn
+            rows["id"].append(relpath)
+            rows["text"].append(text)
+            rows["messages"].append(None)
+    return Dataset.from_dict(rows, features=DOCUMENT_FEATURES)
+
+
+# --------------------------------------------------------------------------------------------
+# chitchat
+# --------------------------------------------------------------------------------------------
+
+
+def chitchat_path(home: str | Path | None = None) -> Path:
+    """Local path of chitchat's ``dataset.json``, fetched with pip on first use.
+
+    The wheel is downloaded and unpacked into ``<home>/data/chitchat-dataset-0.9.0.partial-<pid>``
+    and renamed into place once its checksum is verified, so an interrupted fetch never leaves a
+    file that looks usable. `home` defaults to ``$DRAFTSMITH_HOME`` or ``~/.cache/draftsmith``.
+    """
+    final = Path(home).expanduser() if home else default_home()
+    final = final / "data" / CHITCHAT_REQUIREMENT.replace("==", "-")
+    target = final / "dataset.json"
+    if target.is_file():
+        return target
+    partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        _fetch_chitchat(partial, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            partial.rename(final)
+        except OSError:  # another process published it first
+            if not target.is_file():
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def _fetch_chitchat(partial: Path, final: Path) -> None:
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "-d", str(partial), CHITCHAT_REQUIREMENT,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = sorted(partial.glob("chitchat_dataset-*.whl"))
+    if result.returncode != 0 or not wheels:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
+        raise SourceError(
+            f"could not download {CHITCHAT_REQUIREMENT} with pip (exit {result.returncode}):\n"
+            f"{tail}\nWithout PyPI, copy {_CHITCHAT_MEMBER} from that wheel to "
+            f"{final / 'dataset.json'}."
+        )
+    digest = hashlib.sha256()
+    with (
+        zipfile.ZipFile(wheels[0]) as archive,
+        archive.open(_CHITCHAT_MEMBER) as member,
+        (partial / "dataset.json").open("wb") as out,
+    ):
+        while block := member.read(1 << 22):
+            out.write(block)
+            digest.update(block)
+    wheels[0].unlink()
+    if digest.hexdigest() != _CHITCHAT_SHA256:
+        raise SourceError(
+            f"{_CHITCHAT_MEMBER} from {CHITCHAT_REQUIREMENT} has sha256 {digest.hexdigest()}, "
+            f"expected {_CHITCHAT_SHA256}: pip found a different file (check `pip config list`)."
+        )
+
+
+def chitchat_conversations(path: str | Path | None = None) -> Iterator[tuple[str, list[str]]]:
+    """(conversation id, turns) of every chitchat conversation, in file order.
+
+    The JSON maps a conversation id to ``{"messages": [[utterance, ...], ...], ...}``: each inner
+    list is one speaker's turn, a run of utterances ``{"text", "sender", "timestamp"}``. A turn's
+    utterances are joined with newlines; empty utterances are dropped and the remaining runs of
+    one sender merged, so consecutive turns always alternate speakers.
+    """
+    with open(path or chitchat_path(), encoding="utf-8") as handle:
+        conversations = json.load(handle)
+    for conversation_id, conversation in conversations.items():
+        turns: list[tuple[str, list[str]]] = []
+        for turn in conversation["messages"]:
+            for utterance in turn:
+                text = utterance["text"].strip()
+                if not text:
+                    continue
+                if turns and turns[-1][0] == utterance["sender"]:
+                    turns[-1][1].append(text)
+                else:
+                    turns.append((utterance["sender"], [text]))
+        yield conversation_id, ["\n".join(lines) for _, lines in turns]
+
+
+def chitchat_records(path: str | Path | None = None) -> Iterator[dict[str, Any]]:
+    """Chitchat conversations as chat records: the first speaker is the user, the second the
+    assistant. A trailing user turn is dropped (nothing answers it) and conversations without
+    any answer (44% of them have a single speaker) are skipped."""
+    for conversation_id, turns in chitchat_conversations(path):
+        turns = turns[: len(turns) // 2 * 2]
+        if not turns:
+            continue
+        messages = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": text}
+            for i, text in enumerate(turns)
+        ]
+        yield {"id": conversation_id, "text": None, "messages": messages}
+
+
+# --------------------------------------------------------------------------------------------
+# Local files and the hub
+# --------------------------------------------------------------------------------------------
+
+
+def _looks_like_path(source: str) -> bool:
+    """Hub names are ``name`` or ``owner/name``; anything else that does not exist is a typo."""
+    return (
+        source.startswith((".", "~", "/"))
+        or source.count("/") > 1
+        or Path(source).suffix.lower() in _PATH_SUFFIXES
+    )
+
+
+def _load_local(path: Path, text_sample_by: str) -> Dataset:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = [p for p in files if not p.name.startswith(".") and p.stat().st_size > 0]
+    if not files:
+        raise SourceError(
+            f"data source {path} holds no documents (no non-empty file): write .jsonl records "
+            f"with a 'text' or 'messages' field, or .parquet / text files, there."
+        )
+    builders = {_TABLE_SUFFIXES.get(p.suffix.lower(), "text") for p in files}
+    if len(builders) > 1:
+        raise SourceError(
+            f"data folder {path} mixes file kinds ({', '.join(sorted(builders))}); "
+            f"give one kind per source (a folder each, or a single file)."
+        )
+    builder = builders.pop()
+    kwargs = {"sample_by": text_sample_by} if builder == "text" else {}
+    try:
+        return datasets.load_dataset(
+            builder, data_files=[str(p) for p in files], split="train", **kwargs
+        )
+    except (DatasetGenerationError, ValueError) as error:  # pyarrow's errors are ValueErrors
+        cause = error.__cause__ or error
+        raise SourceError(f"could not read data source {path} as {builder}: {cause}") from error
+
+
+def _load_hub(name: str, config: str | None, split: str) -> Dataset:
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except (ConnectionError, FileNotFoundError) as error:
+        raise SourceError(
+            f"could not load {name!r} from the Hugging Face hub ({error}). It is neither a local "
+            f"path nor reachable: give a local .jsonl/.parquet/text file or folder, or an offline "
+            f"source ({', '.join(OFFLINE_SOURCES)})."
+        ) from error
+
+
+def _normalize(dataset: Dataset, source: str) -> Dataset:
+    """Map a loaded table onto `DOCUMENT_FEATURES` (``text`` or ``messages`` / ``conversations``
+    columns; an ``id`` column if present, else the sha1 of the content), dropping empty rows."""
+    columns = set(dataset.column_names)
+    if not columns & {"text", "messages", "conversations"}:
+        raise SourceError(
+            f"data source {source!r} has columns {sorted(columns)}; a record needs a 'text' "
+            f"column (plain text or code) or a 'messages' column (chat: a list of "
+            f"{{'role', 'content'}})."
+        )
+    return dataset.map(
+        _normalize_batch,
+        batched=True,
+        remove_columns=dataset.column_names,
+        features=DOCUMENT_FEATURES,
+        desc=f"reading {source}",
+    )
+
+
+def _normalize_batch(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    size = len(next(iter(batch.values())))
+    texts = batch.get("text", [None] * size)
+    chats = batch.get("messages") or batch.get("conversations") or [None] * size
+    messages = [None if chat is None else [_turn(t) for t in chat] for chat in chats]
+    rows: dict[str, list[Any]] = {"id": [], "text": [], "messages": []}
+    for key, text, chat in zip(batch.get("id") or [None] * size, texts, messages, strict=True):
+        if chat or (text and text.strip()):  # blank lines and empty records teach nothing
+            rows["id"].append(str(key) if key is not None else _content_key(text, chat))
+            rows["text"].append(None if chat else text)
+            rows["messages"].append(chat or None)
+    return rows
+
+
+def _turn(turn: dict[str, Any]) -> dict[str, str]:
+    if "role" in turn:
+        return {"role": turn["role"], "content": turn.get("content") or ""}
+    return {"role": _SHAREGPT_ROLES.get(turn["from"], turn["from"]), "content": turn["value"]}
+
+
+def _content_key(text: str | None, messages: list[dict[str, str]] | None) -> str:
+    """Duplicate documents get the same key, so they always land in the same split."""
+    content = text if text is not None else json.dumps(messages, ensure_ascii=False)
+    return hashlib.sha1(content.encode("utf-8")).hexdigest()[:20]
