@@ -130,6 +130,10 @@ def _float_array(params: Mapping[str, Any], key: str, kind: str) -> np.ndarray:
     return values
 
 
+_CALIBRATOR_KEYS = {"kind", "signals", "params", "selection"}
+"""The keys of calibration.json that describe the calibrator itself (the rest is metadata)."""
+
+
 class Calibrator(ABC):
     """Maps confidence features (N, S), one column per name in `signals`, to P(accepted) (N,)."""
 
@@ -196,7 +200,7 @@ class Calibrator(ABC):
     def from_dict(cls, data: Mapping[str, Any]) -> Calibrator:
         """Rebuild a fitted calibrator of the kind named in data (from `to_dict`)."""
         missing = {"kind", "signals", "params"} - set(data)
-        unknown = set(data) - {"kind", "signals", "params", "selection"}
+        unknown = set(data) - _CALIBRATOR_KEYS
         if missing or unknown:
             raise ValueError(
                 f"a calibrator dict needs keys kind, signals, params (and optionally selection); "
@@ -213,18 +217,16 @@ class Calibrator(ABC):
         calibrator.fitted = True
         return calibrator
 
-    def save(self, path: str | os.PathLike, metrics: Mapping[str, Any] | None = None) -> Path:
+    def save(self, path: str | os.PathLike, metadata: Mapping[str, Any] | None = None) -> Path:
         """Write calibration.json (path: the file, or a directory to put it in) atomically.
 
-        metrics, e.g. {"before": {...}, "after": {...}}, are stored alongside for the model card;
-        NaN becomes null.
+        metadata, e.g. {"method": ..., "n_fit": ..., "metrics": {"before": ..., "after": ...}},
+        is stored alongside for the model card (ignored by `load`); NaN becomes null.
         """
         path = Path(path)
         if path.is_dir():
             path = path / CALIBRATION_FILE
-        payload = {"format_version": FORMAT_VERSION, **self.to_dict()}
-        if metrics is not None:
-            payload["metrics"] = metrics
+        payload = {**(metadata or {}), "format_version": FORMAT_VERSION, **self.to_dict()}
         text = json.dumps(_json_safe(payload), indent=2, allow_nan=False)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text + "\n")
@@ -247,8 +249,7 @@ class Calibrator(ABC):
                 f"{path} has calibration format_version {version!r}; this draftsmith reads "
                 f"{FORMAT_VERSION}. Re-run calibration with this version."
             )
-        payload.pop("metrics", None)
-        return cls.from_dict(payload)
+        return cls.from_dict({k: v for k, v in payload.items() if k in _CALIBRATOR_KEYS})
 
     # -- what each kind implements ---------------------------------------------------------------
 

@@ -287,7 +287,7 @@ def test_save_load_round_trip_gives_identical_predictions(kind, tmp_path):
     signals = ["top1_prob", "entropy"] if kind in ("platt", "auto") else ["top1_prob"]
     calibrator = build_calibrator(kind, signals=signals)
     calibrator.fit({"top1_prob": conf, "entropy": -np.log(conf)}, outcomes)
-    path = calibrator.save(tmp_path, metrics={"before": {"ece": 0.1, "auroc": float("nan")}})
+    path = calibrator.save(tmp_path, {"metrics": {"before": {"ece": 0.1, "auroc": float("nan")}}})
     assert path == tmp_path / "calibration.json"
     assert [p.name for p in tmp_path.iterdir()] == ["calibration.json"]
     payload = json.loads(path.read_text())  # plain JSON: NaN was written as null
