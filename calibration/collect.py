@@ -8,8 +8,9 @@ two outcomes:
 - `accept_prob`: min(1, p(x) / q(x)) with p, q the target and draft distributions at the
   collection temperature (the probability that sampling verification accepts token x).
 
-Only tokens whose draft prefix was accepted are recorded (positions up to and including the first
-rejection): later ones were conditioned on a rejected prefix and say nothing about acceptance.
+Only tokens whose draft prefix was accepted by the verification that actually ran are recorded
+(positions up to and including the first rejection): later ones were conditioned on a rejected
+prefix and say nothing about acceptance.
 """
 
 from __future__ import annotations
@@ -43,19 +44,18 @@ class DraftRecorder:
         k = len(draft)
         if k == 0 or draft.logits is None:
             return  # nothing drafted, or a drafter without confidence (n-gram)
-        target_logits = record.target_logits[:k]
-        accepted = (draft.tokens == target_logits.argmax(-1)).float()
-        first_rejection = int((accepted == 0).nonzero()[0]) if (accepted == 0).any() else k - 1
-        n = first_rejection + 1
+        n = min(record.n_accepted + 1, k)  # the accepted prefix and the first rejected token
+        target_logits = record.target_logits[:n]
+        accepted = (draft.tokens[:n] == target_logits.argmax(-1)).float()
         signals = confidence_signals(draft.logits[:n], temperature=self.temperature)
         sampling = SamplingParams(temperature=self.temperature)
-        p = probabilities(target_logits[:n], sampling)
+        p = probabilities(target_logits, sampling)
         q = probabilities(draft.logits[:n].float(), sampling)
         tokens = draft.tokens[:n, None]
         ratio = p.gather(1, tokens)[:, 0] / q.gather(1, tokens)[:, 0].clamp_min(1e-12)
         for name in SIGNAL_NAMES:
             self.rows[name].extend(signals[name].tolist())
-        self.rows["accepted"].extend(accepted[:n].tolist())
+        self.rows["accepted"].extend(accepted.tolist())
         self.rows["accept_prob"].extend(ratio.clamp(max=1.0).tolist())
         self.rows["source"].extend([self.source] * n)
 
