@@ -1,7 +1,9 @@
 """Side-by-side benchmark: plain `generate`, Hugging Face assisted generation and draftsmith.
 
 Every prompt runs all three methods back to back on the same loaded models (interleaved, after a
-warm-up), so machine noise hits them alike; results are reported as ratios.
+warm-up), so machine noise hits them alike; results are reported as ratios. A drafter without a
+Hugging Face counterpart (empty `hf_assist`, e.g. a trained head) skips assisted generation and
+reports its figures as null ("-" in the table).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class PromptResult:
     index: int
     workload: str
     plain: PromptRun
-    hf: PromptRun
+    hf: PromptRun | None
+    """None when the drafter has no Hugging Face counterpart."""
     draftsmith: PromptRun
     stats: GenerationStats
     divergence: dict | None = None
@@ -55,9 +58,11 @@ class Aggregate:
     results: list[PromptResult] = field(default_factory=list)
 
     def summary(self, greedy: bool, dtype: torch.dtype) -> dict:
-        def tok_s(method: str) -> float:
-            tokens = sum(len(getattr(r, method).tokens) for r in self.results)
-            return tokens / sum(getattr(r, method).wall_s for r in self.results)
+        def tok_s(method: str) -> float | None:
+            runs = [getattr(r, method) for r in self.results]
+            if any(run is None for run in runs):
+                return None
+            return sum(len(run.tokens) for run in runs) / sum(run.wall_s for run in runs)
 
         drafted, accepted = _position_counts([r.stats for r in self.results])
         forwards = sum(r.stats.target_forwards for r in self.results)
@@ -70,13 +75,15 @@ class Aggregate:
             "hf_tok_s": hf,
             "draftsmith_tok_s": ours,
             "speedup_vs_plain": ours / plain,
-            "speedup_vs_hf": ours / hf,
-            "hf_speedup_vs_plain": hf / plain,
+            "speedup_vs_hf": None if hf is None else ours / hf,
+            "hf_speedup_vs_plain": None if hf is None else hf / plain,
             "mean_accepted_length": new_tokens / max(forwards, 1),
             "acceptance_by_position": [a / d for a, d in zip(accepted, drafted, strict=True)],
             "identical_to_plain": (not divergences) if greedy else None,
             "hf_identical_to_plain": (
-                all(r.hf.tokens == r.plain.tokens for r in self.results) if greedy else None
+                all(r.hf.tokens == r.plain.tokens for r in self.results)
+                if greedy and hf is not None
+                else None
             ),
             "divergences": divergences,
             "unexplained_divergences": [d for d in divergences if not d["explained"]],
@@ -157,14 +164,17 @@ class Benchmark:
     def _warm_up(self, ids: torch.Tensor) -> None:
         logger.info("warm-up: %d tokens with each method", WARMUP_TOKENS)
         self._plain(ids, WARMUP_TOKENS)
-        self._assisted(ids, WARMUP_TOKENS)
+        if self.hf_assist:
+            self._assisted(ids, WARMUP_TOKENS)
         self.decoder.generate(ids, max_new_tokens=WARMUP_TOKENS, **self._sampling_kwargs())
 
     def _run_prompt(self, index: int, workload: str, ids: torch.Tensor) -> PromptResult:
         torch.manual_seed(self.seed)
         plain, gaps = self._plain(ids, self.max_new_tokens, with_gaps=self.greedy)
-        torch.manual_seed(self.seed)
-        hf = self._assisted(ids, self.max_new_tokens)
+        hf = None
+        if self.hf_assist:
+            torch.manual_seed(self.seed)
+            hf = self._assisted(ids, self.max_new_tokens)
         started = time.perf_counter()
         out = self.decoder.generate(
             ids, max_new_tokens=self.max_new_tokens, seed=self.seed, **self._sampling_kwargs()
@@ -266,9 +276,17 @@ def format_table(report: dict) -> str:
         if identical is False and not s["unexplained_divergences"]:
             identical = "rounding"
         rows.append(
-            f"{name:<10} {s['n_prompts']:>3} {s['plain_tok_s']:>11.2f} {s['hf_tok_s']:>9.2f} "
+            f"{name:<10} {s['n_prompts']:>3} {s['plain_tok_s']:>11.2f} "
+            f"{_number(s['hf_tok_s'], 9, '.2f')} "
             f"{s['draftsmith_tok_s']:>10.2f} {s['speedup_vs_plain']:>7.2f}x "
-            f"{s['speedup_vs_hf']:>5.2f}x {s['hf_speedup_vs_plain']:>7.2f}x "
+            f"{_number(s['speedup_vs_hf'], 6, '.2f', 'x')} "
+            f"{_number(s['hf_speedup_vs_plain'], 8, '.2f', 'x')} "
             f"{s['mean_accepted_length']:>5.2f} {str(identical):>9}"
         )
     return "\n".join(rows)
+
+
+def _number(value: float | None, width: int, spec: str, unit: str = "") -> str:
+    """value formatted right-aligned in width characters, or "-" when there is none."""
+    text = "-" if value is None else f"{value:{spec}}{unit}"
+    return f"{text:>{width}}"

@@ -146,7 +146,9 @@ class SpeculativeDecoder:
         while len(generated) < max_new_tokens:
             # A round emits at most draft + 1 tokens: draft no more than the budget left needs.
             budget = min(self.policy.max_tokens, max_new_tokens - len(generated) - 1)
-            draft = self.drafter.propose(budget, sampling, generator, self.policy.stop_fn())
+            draft = self.drafter.propose(
+                budget, sampling, generator, self.policy.stop_fn(self.drafter)
+            )
             logits, features = target.forward(torch.cat([torch.tensor([last_token]), draft.tokens]))
             n_accepted, next_token = self._verify(logits, draft, sampling, generator)
             stats.record_round(len(draft), n_accepted)

@@ -6,22 +6,26 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.heads.base import StopFn
+from draftsmith.calibration.signals import confidence_signals
+from draftsmith.heads.base import Drafter, StopFn
 
 
 @dataclass(kw_only=True)
 class DraftLengthPolicy:
     """Draft up to `max_tokens` per round and stop early once the draft loses confidence.
 
-    The draft stops after a token when the product of the draft's top-1 probabilities along the
-    draft (the chance, by the drafter's own account, that every token so far is accepted) falls
-    below `min_path_confidence`: a further token would most likely be wasted draft work.
+    After each drafted token the policy asks the drafter how likely the target is to accept it
+    (`Drafter.acceptance_prob`: calibrated when the drafter's artifact carries a calibration,
+    else the raw top-1 probability) and multiplies along the draft. The draft stops once that
+    path probability, the chance that every token so far is accepted, falls below
+    `min_path_confidence`: a further token would most likely be wasted draft work.
     """
 
     max_tokens: int = 8
     """Most tokens drafted per round (the target verifies max_tokens + 1 positions)."""
     min_path_confidence: float = 0.0
-    """Stop drafting once the draft's cumulative top-1 probability falls below this (0: never)."""
+    """Stop drafting once the draft's cumulative acceptance probability falls below this
+    (0: never stop early)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -31,15 +35,20 @@ class DraftLengthPolicy:
                 f"min_path_confidence must be in [0, 1], got {self.min_path_confidence}"
             )
 
-    def stop_fn(self) -> StopFn | None:
+    def stop_fn(self, drafter: Drafter) -> StopFn | None:
         """A fresh stop callback for one round, or None when drafting never stops early."""
         if self.min_path_confidence <= 0.0:
             return None
-        path = 1.0
+        path = raw_path = 1.0
 
         def stop(position: int, logits: torch.Tensor) -> bool:
-            nonlocal path
-            path *= float(logits.float().softmax(-1).max())
+            nonlocal path, raw_path
+            # The signals of this one token, placed at its position in the draft.
+            signals = confidence_signals(logits[None])
+            raw_path *= float(signals["top1_prob"][0])
+            signals["position"] = torch.tensor([float(position)])
+            signals["path_prob"] = torch.tensor([raw_path])
+            path *= float(drafter.acceptance_prob(signals)[0])
             return path < self.min_path_confidence
 
         return stop

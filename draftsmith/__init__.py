@@ -12,6 +12,7 @@ _EXPORTS = {
     "DraftLengthPolicy": "draftsmith.decoding",
     "Drafter": "draftsmith.heads",
     "fetch_model": "draftsmith.zoo",
+    "load_drafter": "draftsmith.artifact",
     "load_model": "draftsmith.models",
 }
 

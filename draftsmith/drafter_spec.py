@@ -1,4 +1,5 @@
-"""Build a drafter from a command-line spec: `draft-model:NAME_OR_PATH` or `ngram[:N]`."""
+"""Build a drafter from a command-line spec: `draft-model:NAME_OR_PATH`, `ngram[:N]` or
+`artifact:PATH`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from draftsmith.heads import Drafter, DraftModelDrafter, NgramDrafter
 from draftsmith.models import check_same_vocabulary, load_model
 
 SPEC_HELP = (
-    "draft-model:NAME_OR_PATH (a causal LM sharing the target's vocabulary) or ngram[:MAX_N]"
+    "draft-model:NAME_OR_PATH (a causal LM sharing the target's vocabulary), ngram[:MAX_N] or "
+    "artifact:PATH (a trained drafter)"
 )
 
 
@@ -18,7 +20,8 @@ SPEC_HELP = (
 class BuiltDrafter:
     drafter: Drafter
     hf_assist: dict = field(default_factory=dict)
-    """The `generate` arguments of Hugging Face's counterpart (for side-by-side benchmarks)."""
+    """The `generate` arguments of Hugging Face's counterpart (for side-by-side benchmarks);
+    empty when Hugging Face has none."""
 
 
 def build_drafter(
@@ -29,6 +32,11 @@ def build_drafter(
         model, draft_tokenizer = load_model(arg, dtype=dtype, device=str(target.device))
         check_same_vocabulary(tokenizer, draft_tokenizer, arg)
         return BuiltDrafter(DraftModelDrafter(model), {"assistant_model": model})
+    if kind == "artifact" and arg:
+        from draftsmith.artifact import load_drafter
+
+        # No Hugging Face counterpart: the benchmark skips assisted generation.
+        return BuiltDrafter(load_drafter(arg, target))
     if kind == "ngram":
         drafter = NgramDrafter(max_ngram=int(arg)) if arg else NgramDrafter()
         assist = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": drafter.max_ngram}

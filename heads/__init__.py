@@ -1,15 +1,32 @@
-"""Drafters: the modules that propose tokens for a target, behind one `Drafter` interface."""
+"""Drafters: the modules that propose tokens for a target, behind one `Drafter` interface.
+
+Importing this package registers every built-in kind: the draft-model and n-gram drafters and
+the trainable heads (medusa, mtp, eagle, eagle3, distilled)."""
 
 from draftsmith.heads.base import Draft, Drafter, StopFn, drafter_class, register_drafter
+from draftsmith.heads.distilled import DistilledHead
 from draftsmith.heads.draft_model import DraftModelDrafter
+from draftsmith.heads.eagle import EagleHead
+from draftsmith.heads.eagle3 import Eagle3Head, build_draft_vocab
+from draftsmith.heads.medusa import MedusaHead
+from draftsmith.heads.mtp import MTPHead
 from draftsmith.heads.ngram import NgramDrafter
+from draftsmith.heads.trainable import DraftHead, TargetBatch
 
 __all__ = [
     "Draft",
+    "DraftHead",
     "Drafter",
+    "DistilledHead",
     "DraftModelDrafter",
+    "Eagle3Head",
+    "EagleHead",
+    "MTPHead",
+    "MedusaHead",
     "NgramDrafter",
     "StopFn",
+    "TargetBatch",
+    "build_draft_vocab",
     "drafter_class",
     "register_drafter",
 ]

@@ -10,8 +10,9 @@ for every position it has run, and it has run every committed token except the n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -19,6 +20,12 @@ from draftsmith.sampling import SamplingParams
 
 StopFn = Callable[[int, torch.Tensor], bool]
 """stop(position, draft_logits (V,)) -> True to end the draft after the token just proposed."""
+
+
+class AcceptanceCalibrator(Protocol):
+    """What a drafter needs of a fitted calibrator (`draftsmith.calibration.Calibrator`)."""
+
+    def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor: ...
 
 
 @dataclass
@@ -49,6 +56,15 @@ class Drafter(ABC):
     """Size of the token space the drafter proposes from; None if it only copies token ids."""
     target_feature_layers: tuple[int, ...] = ()
     """Indices into the target's `hidden_states` output that this drafter reads (empty: none)."""
+    calibrator: AcceptanceCalibrator | None = None
+    """Fitted on held-out data (an artifact's calibration.json); None: raw confidence."""
+
+    def acceptance_prob(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """P(the target accepts each drafted token) (k,) from `confidence_signals` output:
+        calibrated when a calibrator is attached, else the raw top-1 probability."""
+        if self.calibrator is None:
+            return signals["top1_prob"]
+        return self.calibrator.predict_signals(signals)
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
@@ -81,13 +97,15 @@ class Drafter(ABC):
         """
 
 
-_REGISTRY: dict[str, type[Drafter]] = {}
+_REGISTRY: dict[str, type] = {}
+Registered = TypeVar("Registered", bound=type)
 
 
-def register_drafter(kind: str) -> Callable[[type[Drafter]], type[Drafter]]:
-    """Class decorator: make a drafter kind buildable by name."""
+def register_drafter(kind: str) -> Callable[[Registered], Registered]:
+    """Class decorator: make a drafter kind buildable by name. The class is a `Drafter`, or a
+    trainable `DraftHead` whose `as_drafter` gives one (the kinds an artifact can hold)."""
 
-    def register(cls: type[Drafter]) -> type[Drafter]:
+    def register(cls: Registered) -> Registered:
         if kind in _REGISTRY:
             raise ValueError(f"drafter kind {kind!r} is already registered by {_REGISTRY[kind]}")
         _REGISTRY[kind] = cls
@@ -97,7 +115,7 @@ def register_drafter(kind: str) -> Callable[[type[Drafter]], type[Drafter]]:
     return register
 
 
-def drafter_class(kind: str) -> type[Drafter]:
+def drafter_class(kind: str) -> type:
     if kind not in _REGISTRY:
         raise KeyError(f"unknown drafter kind {kind!r}; known kinds: {sorted(_REGISTRY)}")
     return _REGISTRY[kind]

@@ -51,7 +51,10 @@ class DraftHead(nn.Module, ABC):
     @classmethod
     @abstractmethod
     def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> DraftHead:
-        """Build a freshly initialised head sized for the target."""
+        """Build a freshly initialised head sized for the target.
+
+        The initialisation is a function of (target config, hyper) alone (kinds seed it, with a
+        `seed` hyper-parameter), so `load_drafter` can tell weights that were never trained."""
 
     @abstractmethod
     def hyper_parameters(self) -> dict:
@@ -60,7 +63,10 @@ class DraftHead(nn.Module, ABC):
     @abstractmethod
     def bind_target(self, target: PreTrainedModel) -> None:
         """Attach the target's frozen modules the head shares (embeddings, LM head). They are not
-        part of the head's own parameters and are never saved in its artifact."""
+        part of the head's own parameters and are never saved in its artifact.
+
+        A fresh head may also initialise its own weights from the target's here (a distilled
+        draft model copies target layers), so load saved weights after binding, never before."""
 
     @abstractmethod
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
@@ -70,6 +76,11 @@ class DraftHead(nn.Module, ABC):
     @abstractmethod
     def as_drafter(self, target: PreTrainedModel) -> Drafter:
         """The inference-side `Drafter` running this head next to `target`."""
+
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """A kind's own extra loss term from the latest `forward_train` (already weighted, e.g.
+        EAGLE's feature regression), for the trainer to add to the objective; None: no term."""
+        return None
 
     def draft_to_target(self) -> torch.Tensor | None:
         """(V_draft,) int64 map from draft-vocabulary ids to target ids, or None when the head

@@ -1,0 +1,172 @@
+"""Building pieces the learned heads share: the target's frozen modules, a decoder block of the
+target's own architecture, attention masks and the row alignment of training inputs.
+
+Blocks are built from the target's config through transformers' public classes, never from a
+copy of its modeling code (DESIGN principle 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+
+from draftsmith.cache import cache_argument
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run a head's initialisation from its own seed, leaving the global RNG untouched: the same
+    (target config, hyper-parameters) always give the same fresh weights."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The language-model part of a (possibly multimodal) config."""
+    return config.get_text_config()
+
+
+def rms_norm(config: PretrainedConfig, width: int | None = None) -> nn.RMSNorm:
+    """An RMSNorm with the target's epsilon, over `width` (default: the hidden size)."""
+    eps = getattr(config, "rms_norm_eps", None) or 1e-6
+    return nn.RMSNorm(width or config.hidden_size, eps=eps)
+
+
+@dataclass
+class TargetParts:
+    """The target's frozen modules a head shares. Held outside the head's module tree, so they
+    are neither trained with the head's parameters nor saved in its artifact."""
+
+    embed: nn.Module
+    """Token ids (B, T) -> embeddings (B, T, H)."""
+    lm_head: nn.Module
+    """Hidden (B, T, H) -> logits (B, T, V)."""
+    norm: nn.Module | None
+    """The final norm before the LM head, where the architecture exposes one."""
+
+    @classmethod
+    def of(cls, target: PreTrainedModel) -> TargetParts:
+        embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        if embed is None or lm_head is None:
+            raise ValueError(
+                f"{type(target).__name__} exposes no input or output embeddings: heads need a "
+                "causal LM with get_input_embeddings() and get_output_embeddings()"
+            )
+        base = getattr(target, getattr(target, "base_model_prefix", "model"), None)
+        parts = cls(embed=embed, lm_head=lm_head, norm=getattr(base, "norm", None))
+        for module in (parts.embed, parts.lm_head, parts.norm):
+            if module is not None:
+                module.requires_grad_(False)  # the target is frozen
+        return parts
+
+    def embeddings(self, input_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """input_ids (B, T) -> the target's token embeddings (B, T, H) in the head's dtype."""
+        weight = self.embed.weight
+        return self.embed(input_ids.to(weight.device)).to(dtype)
+
+    def logits(self, hidden: torch.Tensor, *, final_norm: bool = False) -> torch.Tensor:
+        """hidden (B, T, H) -> logits (B, T, V) through the target's LM head, after its final
+        norm when final_norm (for hidden states that have not been through it)."""
+        hidden = hidden.to(self.lm_head.weight.dtype)
+        if final_norm:
+            if self.norm is None:
+                raise ValueError(
+                    "the target exposes no final norm (base model attribute `norm`); this head "
+                    "applies it before the shared LM head"
+                )
+            hidden = self.norm(hidden)
+        return self.lm_head(hidden)
+
+
+def block_config(target_config: PretrainedConfig) -> PretrainedConfig:
+    """A copy of the target's text config describing one full-attention decoder layer.
+
+    The vocabulary shrinks to one token: the base model built from it carries an embedding
+    table that the head discards, and the attention runs on SDPA, which takes explicit masks.
+    """
+    config = copy.deepcopy(text_config(target_config))
+    config.num_hidden_layers = 1
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = ["full_attention"]
+    config.vocab_size = 1
+    config.pad_token_id = None
+    config._attn_implementation = "sdpa"
+    return config
+
+
+class DecoderBlock(nn.Module):
+    """One decoder layer of the target's architecture with that architecture's rotary embedding.
+
+    Both come from transformers' own classes: a one-layer base model is built from a copy of the
+    target config and only its layer and rotary module are kept. The layer has its own weights
+    (it is not one of the target's layers) and keeps its keys/values in the cache it is given.
+    """
+
+    def __init__(self, target_config: PretrainedConfig) -> None:
+        super().__init__()
+        base = AutoModel.from_config(block_config(target_config))
+        layers, rotary = getattr(base, "layers", None), getattr(base, "rotary_emb", None)
+        if layers is None or rotary is None:
+            raise ValueError(
+                f"{type(base).__name__} has no `layers` / `rotary_emb`: draftsmith builds head "
+                "blocks for rotary decoder-only architectures (Llama, Qwen2, Mistral, ...)"
+            )
+        self.layer = layers[0]
+        self.rotary = rotary
+        self._cache_argument = cache_argument(self.layer)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        """hidden (B, T, H) at positions (T,) -> (B, T, H).
+
+        mask (T, S) bool, True where a row may attend to a key (S = cached + T keys); None lets
+        every row attend to every key (one new row after a cache). cache: a DynamicCache that
+        gains the T new keys/values, or None.
+        """
+        position_ids = positions.to(hidden.device)[None].expand(hidden.shape[0], -1)
+        additive = None
+        if mask is not None:
+            additive = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device)
+            additive = additive.masked_fill(~mask.to(hidden.device), torch.finfo(hidden.dtype).min)
+            additive = additive[None, None]
+        return self.layer(
+            hidden,
+            attention_mask=additive,
+            position_ids=position_ids,
+            use_cache=cache is not None,
+            **{self._cache_argument: cache},
+            position_embeddings=self.rotary(hidden, position_ids),
+        )
+
+
+def causal_mask(rows: int, cached: int = 0) -> torch.Tensor:
+    """(rows, cached + rows) bool: new row i sees the cached keys and new keys up to itself."""
+    keys = torch.arange(cached + rows)
+    return keys[None, :] <= (cached + torch.arange(rows))[:, None]
+
+
+def lag(features: torch.Tensor) -> torch.Tensor:
+    """features (B, T, F) -> (B, T, F) where row t holds the feature of position t - 1 (zeros in
+    row 0): the target's feature lags the token it is paired with, at inference as in training."""
+    return F.pad(features, (0, 0, 1, 0))[:, :-1]
+
+
+def lead(input_ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """input_ids (B, T) -> (B, T) where row t holds the token at t + steps. Rows past the end hold
+    token 0; their predictions fall outside the sequence and are never scored."""
+    if steps == 0:
+        return input_ids
+    return F.pad(input_ids[:, steps:], (0, steps), value=0)

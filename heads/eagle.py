@@ -1,0 +1,270 @@
+"""EAGLE (EAGLE-1/2): one decoder layer that drafts autoregressively in the target's feature space.
+
+Row t of the head reads the target feature of position t - 1 and the embedding of the token at t
+and predicts the feature of position t, whose logits (through the target's LM head) predict the
+token at t + 1. Drafting feeds each predicted feature back in with the token it predicted. The
+same machinery (`FeatureRecurrentHead`, `FeatureDrafter`) runs EAGLE-3 (`eagle3.py`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+
+from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
+from draftsmith.heads.blocks import (
+    DecoderBlock,
+    TargetParts,
+    causal_mask,
+    lag,
+    lead,
+    seeded,
+    text_config,
+)
+from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
+from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.sampling import SamplingParams
+
+
+def unrolled_mask(rows: int, step: int) -> torch.Tensor:
+    """(T, (step + 1) T) bool attention mask of unrolled training step `step` over T rows.
+
+    Keys are laid out step by step, T rows each. Row t of step j stands for drafting j tokens
+    after position t: it sees step 0's rows up to t (the committed context) and its own row t of
+    every step 1 .. j (the draft so far), never another row's draft.
+    """
+    eye = torch.eye(rows, dtype=torch.bool)
+    return torch.cat([causal_mask(rows), *[eye] * step], dim=1)
+
+
+class FeatureRecurrentHead(DraftHead):
+    """A head that runs one decoder block autoregressively on (feature, token) pairs.
+
+    Row t reads `fuse`d target features of position t - 1 and the token at t, and outputs the
+    predicted feature of position t (logits: the token at t + 1). Training unrolls `num_steps`
+    steps: step j > 0 reads the head's own step j - 1 output at the same row in place of the
+    target feature, and the token at t + j, attending as drafting would (`unrolled_mask`). So step
+    j at row t predicts the token at t + 1 + j, the alignment convention of `DraftHead`.
+
+    Kinds implement `fuse`, `combine` and `logits`; they own `block` and `_target`.
+    """
+
+    block: DecoderBlock
+    hidden_size: int
+    _target: TargetParts | None
+
+    @abstractmethod
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features (..., F) -> (..., H), the stand-in for the head's own output."""
+
+    @abstractmethod
+    def combine(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """hidden (B, T, H) and token embeddings (B, T, H) -> block input (B, T, H)."""
+
+    @abstractmethod
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Predicted features (B, T, H) -> logits (B, T, V_d) of the next token."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def bind_target(self, target: PreTrainedModel) -> None:
+        self._target = TargetParts.of(target)
+
+    def parts(self) -> TargetParts:
+        if self._target is None:
+            raise RuntimeError("bind_target(target) first: the head reads the target's embeddings")
+        return self._target
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache=None,
+    ) -> torch.Tensor:
+        """One block pass: hidden (B, T, H) (fused target features or the head's own outputs)
+        with input_ids (B, T) at positions (T,) -> predicted features (B, T, H)."""
+        embeds = self.parts().embeddings(input_ids, self.dtype)
+        return self.block(self.combine(hidden, embeds), positions, mask, cache)
+
+    def unroll(self, features: torch.Tensor, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        """features (B, T, F), input_ids (B, T) -> num_steps predicted features, each (B, T, H)."""
+        rows = input_ids.shape[1]
+        positions = torch.arange(rows, device=input_ids.device)
+        hidden = self.fuse(lag(features))
+        cache = DynamicCache()  # step j attends to the keys of steps 0 .. j
+        outputs = []
+        for j in range(self.num_steps):
+            mask = unrolled_mask(rows, j)
+            hidden = self.step(hidden, lead(input_ids, j), positions + j, mask, cache)
+            outputs.append(hidden)
+        return outputs
+
+    def predict_features(self, batch: TargetBatch) -> list[torch.Tensor]:
+        """The num_steps unrolled predictions (B, T, H) for a training batch."""
+        if batch.features is None:
+            raise ValueError(f"{self.kind} reads target features: batch.features is None")
+        return self.unroll(batch.features, batch.input_ids)
+
+    def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
+        return [self.logits(h) for h in self.predict_features(batch)]
+
+    def as_drafter(self, target: PreTrainedModel) -> FeatureDrafter:
+        self.bind_target(target)
+        return FeatureDrafter(self, text_config(target.config).vocab_size)
+
+
+@register_drafter("eagle")
+class EagleHead(FeatureRecurrentHead):
+    """EAGLE-1: fc([feature ; embedding]) (2H -> H) -> one decoder layer -> predicted feature,
+    whose logits come from the target's LM head.
+
+    The feature is the target's `hidden_states[N]`, which transformers ties to the output of the
+    final norm, so the shared final norm is part of the feature and predicted features go
+    straight to the LM head. `feature_loss_weight` adds EAGLE's feature regression (smooth L1
+    between predicted and target features) as `auxiliary_loss`.
+    """
+
+    def __init__(
+        self,
+        target_config: PretrainedConfig,
+        *,
+        num_steps: int = 1,
+        feature_loss_weight: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        config = text_config(target_config)
+        self.num_steps, self.feature_loss_weight, self.seed = num_steps, feature_loss_weight, seed
+        self.hidden_size = config.hidden_size
+        self.target_feature_layers = (config.num_hidden_layers,)
+        with seeded(seed):
+            self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size)
+            self.block = DecoderBlock(config)
+        self._target = None
+        self._auxiliary: torch.Tensor | None = None
+
+    @classmethod
+    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> EagleHead:
+        return cls(target_config, **hyper)
+
+    def hyper_parameters(self) -> dict:
+        return {
+            "num_steps": self.num_steps,
+            "feature_loss_weight": self.feature_loss_weight,
+            "seed": self.seed,
+        }
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return features.to(self.fc.weight)
+
+    def combine(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([hidden, embeds], dim=-1))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.parts().logits(hidden)
+
+    def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
+        predicted = self.predict_features(batch)
+        self._auxiliary = self._feature_loss(predicted, batch) if self.feature_loss_weight else None
+        return [self.logits(h) for h in predicted]
+
+    def _feature_loss(self, predicted: list[torch.Tensor], batch: TargetBatch) -> torch.Tensor:
+        """Smooth L1 between step j's prediction at row t and the target feature of t + j, over
+        the rows whose step-j label is trained on (loss_mask[t + j]), averaged over steps."""
+        rows = batch.input_ids.shape[1]
+        target = batch.features.to(self.dtype)
+        losses = []
+        for j, hidden in enumerate(predicted[: rows - 1]):
+            mask = batch.loss_mask[:, j:].to(device=hidden.device, dtype=torch.bool)
+            error = F.smooth_l1_loss(hidden[:, : rows - j], target[:, j:], reduction="none")
+            losses.append(error.mean(-1).where(mask, 0.0).sum() / mask.sum().clamp_min(1))
+        return self.feature_loss_weight * torch.stack(losses).mean()
+
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        return self._auxiliary
+
+
+class FeatureDrafter(Drafter):
+    """Drafts with a `FeatureRecurrentHead`, keeping the block's own KV cache across rounds.
+
+    Each round first runs the rows of the tokens committed since the last round on their real
+    target features (the feature before the newest token is the latest there is), then drafts
+    autoregressively on predicted features. Rows built on predicted features are dropped at the
+    end of the round, since the accepted ones are rebuilt from real features next round; so the
+    cache only ever holds committed rows and the accepted prefix is never recomputed.
+    """
+
+    def __init__(self, head: FeatureRecurrentHead, vocab_size: int) -> None:
+        self.head = head.eval()
+        self.vocab_size = vocab_size
+        self.target_feature_layers = head.target_feature_layers
+        self._d2t = head.draft_to_target()
+        self._committed: list[int] = []
+        self._own = OwnCache()
+        self._features = LaggedFeatures(len(head.target_feature_layers) * head.hidden_size)
+        self._newest: torch.Tensor | None = None  # (1, 1, H) predicted feature of the newest row
+
+    def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
+        self._committed = prompt_ids.tolist()
+        self._own.reset()
+        self._features.start(target_features, prompt_ids.numel())
+        self._newest = None
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        max_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+        stop: StopFn | None = None,
+    ) -> Draft:
+        builder = DraftBuilder(max_tokens, sampling, generator, stop)
+        if builder.done:
+            return Draft.empty()
+        hidden = self._catch_up()
+        committed_rows = len(self._own)
+        while True:
+            token = builder.add(self._target_logits(hidden))
+            if builder.done:
+                break
+            position = torch.tensor([len(self._own)])
+            hidden = self.head.step(hidden, self._ids([token]), position, None, self._own.kv)
+            self._own.extend([token])
+        self._own.keep(committed_rows)
+        return builder.draft()
+
+    def _catch_up(self) -> torch.Tensor:
+        """Run the committed rows not yet cached on their real features; returns the predicted
+        feature of the newest row (1, 1, H)."""
+        start, stop = len(self._own), len(self._committed)
+        if start < stop:
+            fused = self.head.fuse(self._features.rows(start, stop))[None]
+            mask = causal_mask(stop - start, start)
+            ids = self._ids(self._committed[start:stop])
+            out = self.head.step(fused, ids, torch.arange(start, stop), mask, self._own.kv)
+            self._own.extend(self._committed[start:stop])
+            self._features.release(stop)
+            self._newest = out[:, -1:]
+        return self._newest
+
+    def _ids(self, tokens: list[int]) -> torch.Tensor:
+        return torch.tensor([tokens], dtype=torch.long)
+
+    def _target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(1, 1, H) -> logits (V,) over the target vocabulary."""
+        return to_target_vocab(self.head.logits(hidden)[0, -1].float(), self._d2t, self.vocab_size)
+
+    def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
+        # The cache holds committed rows only (see propose): nothing to roll back.
+        self._committed.extend(tokens.tolist())
+        self._features.append(target_features, tokens.numel())

@@ -1,0 +1,122 @@
+"""Medusa: K independent residual heads on the target's last hidden state, one per future token.
+
+Head k applied to the hidden state of position t predicts the token at t + 1 + k through the
+target's own LM head, so head 0 predicts what the target itself predicts there. At draft time the
+newest committed token (position n) has no target feature yet, so heads 1 .. K-1 read the feature
+of position n - 1 and propose the tokens at n + 1 .. n + K - 1; head 0 would re-predict token n,
+which the target already gave.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
+from draftsmith.heads.blocks import TargetParts, seeded, text_config
+from draftsmith.heads.state import DraftBuilder, LaggedFeatures
+from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.sampling import SamplingParams
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(Linear(x)), starting as the identity (zero weight), as in Medusa."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., H) -> (..., H)."""
+        return x + nn.functional.silu(self.linear(x))
+
+
+@register_drafter("medusa")
+class MedusaHead(DraftHead):
+    """K residual heads sharing the target's LM head.
+
+    The target's `hidden_states[N]` is already the output of its final norm (transformers ties
+    the last hidden state to it), so the shared final norm is part of the feature and each head's
+    output goes straight to the shared LM head: an untrained head predicts the target's own next
+    token.
+    """
+
+    def __init__(self, target_config: PretrainedConfig, *, num_heads: int = 5, seed: int = 0):
+        super().__init__()
+        if num_heads < 2:
+            raise ValueError(
+                f"num_heads must be >= 2 (head 0 only repeats the target's token), got {num_heads}"
+            )
+        config = text_config(target_config)
+        self.num_heads, self.seed = num_heads, seed
+        self.num_steps = num_heads
+        self.target_feature_layers = (config.num_hidden_layers,)
+        with seeded(seed):
+            self.heads = nn.ModuleList(ResBlock(config.hidden_size) for _ in range(num_heads))
+        self._target: TargetParts | None = None
+
+    @classmethod
+    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> MedusaHead:
+        return cls(target_config, **hyper)
+
+    def hyper_parameters(self) -> dict:
+        return {"num_heads": self.num_heads, "seed": self.seed}
+
+    def bind_target(self, target: PreTrainedModel) -> None:
+        self._target = TargetParts.of(target)
+
+    def head_logits(self, features: torch.Tensor, k: int) -> torch.Tensor:
+        """features (B, T, H) -> head k's logits (B, T, V) of the token at t + 1 + k."""
+        if self._target is None:
+            raise RuntimeError("bind_target(target) first: the heads share the target's LM head")
+        head = self.heads[k]
+        return self._target.logits(head(features.to(head.linear.weight)))
+
+    def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
+        if batch.features is None:
+            raise ValueError("Medusa reads the target's last hidden state: batch.features is None")
+        return [self.head_logits(batch.features, k) for k in range(self.num_heads)]
+
+    def as_drafter(self, target: PreTrainedModel) -> MedusaDrafter:
+        self.bind_target(target)
+        return MedusaDrafter(self, text_config(target.config).vocab_size)
+
+
+class MedusaDrafter(Drafter):
+    """Proposes up to K - 1 tokens per round from the feature before the newest token. Its only
+    state is that feature, so a rejection needs no rollback."""
+
+    def __init__(self, head: MedusaHead, vocab_size: int) -> None:
+        self.head = head.eval()
+        self.vocab_size = vocab_size
+        self.target_feature_layers = head.target_feature_layers
+        self._features = LaggedFeatures(head.heads[0].linear.in_features)
+
+    def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
+        self._features.start(target_features, prompt_ids.numel())
+        self._features.release(len(self._features) - 1)  # only the newest row is ever read
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        max_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+        stop: StopFn | None = None,
+    ) -> Draft:
+        newest = len(self._features) - 1
+        builder = DraftBuilder(min(max_tokens, self.head.num_heads - 1), sampling, generator, stop)
+        if builder.done or newest == 0:  # a one-token prompt: no feature to read yet
+            return Draft.empty()
+        feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
+        for k in range(1, self.head.num_heads):
+            builder.add(self.head.head_logits(feature, k)[0, -1])
+            if builder.done:
+                break
+        return builder.draft()
+
+    def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
+        self._features.append(target_features, tokens.numel())
+        self._features.release(len(self._features) - 1)

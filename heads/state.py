@@ -1,0 +1,174 @@
+"""Per-sequence drafter state kept across decoding rounds: an own KV cache that rolls back to what
+the target accepted, the lagged target features, and the assembly of one round's draft."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from draftsmith.cache import crop_cache
+from draftsmith.heads.base import Draft, StopFn
+from draftsmith.sampling import SamplingParams, probabilities, sample
+
+
+class OwnCache:
+    """A drafter's own KV cache and, per cached row, the token id it was computed from.
+
+    Rows are kept across rounds; after a rejection only the rows built on rejected tokens are
+    dropped (`keep`), so the accepted prefix is never recomputed. Rows may also carry an output
+    tensor (a module's hidden state that a later module reads).
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.kv = DynamicCache()
+        self.tokens: list[int] = []
+        self.outputs: torch.Tensor | None = None
+        """(rows, H) per-row outputs, when `extend` was given them."""
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int], outputs: torch.Tensor | None = None) -> None:
+        """Record the rows just appended to `kv`: their tokens and optionally outputs (n, H)."""
+        self.tokens.extend(tokens)
+        if outputs is not None:
+            self.outputs = outputs if self.outputs is None else torch.cat([self.outputs, outputs])
+
+    def agreeing(self, sequence: Sequence[int], offset: int = 0) -> int:
+        """How many leading rows were computed from sequence[offset + row]."""
+        count = 0
+        for cached, token in zip(self.tokens, sequence[offset:], strict=False):
+            if cached != token:
+                break
+            count += 1
+        return count
+
+    def keep(self, rows: int) -> None:
+        """Drop every row at or after `rows`."""
+        if rows < len(self.tokens):
+            crop_cache(self.kv, rows)
+            del self.tokens[rows:]
+            if self.outputs is not None:
+                self.outputs = self.outputs[:rows]
+
+
+class LaggedFeatures:
+    """The target features of the committed tokens, addressed by the row that reads them.
+
+    Target features lag one token: the newest committed token has none yet. Row q (the row of
+    committed token q) reads the feature of position q - 1, and row 0 reads zeros (nothing
+    precedes the first token), exactly as the heads see them in training (`lag`). So there is
+    one row per committed token.
+    """
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._rows = torch.zeros(0, width)
+        self._first = 0  # the row held at self._rows[0]
+
+    def start(self, features: torch.Tensor | None, num_tokens: int) -> None:
+        """features (num_tokens - 1, F) of the prompt's tokens but the last, or None."""
+        rows = torch.zeros(1, self.width)
+        if features is not None:
+            rows = torch.cat([rows.to(features), features])
+        if rows.shape[0] != num_tokens:
+            raise ValueError(
+                f"expected target features for the {num_tokens - 1} prompt tokens before the "
+                f"last, got {rows.shape[0] - 1}"
+            )
+        self._rows, self._first = rows, 0
+
+    def append(self, features: torch.Tensor | None, num_tokens: int) -> None:
+        """features (num_tokens, F): one per target position kept in the round."""
+        if features is None or features.shape[0] != num_tokens:
+            got = None if features is None else tuple(features.shape)
+            raise ValueError(
+                f"this drafter reads target features: commit needs ({num_tokens}, {self.width}) "
+                f"features for {num_tokens} tokens, got {got}"
+            )
+        self._rows = torch.cat([self._rows.to(features), features])
+
+    def __len__(self) -> int:
+        """Rows known: the number of committed tokens."""
+        return self._first + self._rows.shape[0]
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """(stop - start, F) the features read by rows start .. stop - 1."""
+        if start < self._first or stop > len(self):
+            raise IndexError(f"rows {start}..{stop} are outside {self._first}..{len(self)}")
+        return self._rows[start - self._first : stop - self._first]
+
+    def release(self, before: int) -> None:
+        """Forget the rows before `before`: they will not be read again."""
+        drop = min(max(before - self._first, 0), self._rows.shape[0])
+        self._rows, self._first = self._rows[drop:], self._first + drop
+
+
+class DraftBuilder:
+    """One round's draft: chooses each token from its logits and assembles the `Draft`.
+
+    Greedy takes the argmax; sampling draws from the processed q (`probabilities`, the same
+    processing as the target's), which is what keeps rejection sampling exact.
+    """
+
+    def __init__(
+        self,
+        max_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        stop: StopFn | None,
+    ) -> None:
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.generator = generator
+        self.stop = stop
+        self.tokens: list[int] = []
+        self._logits: list[torch.Tensor] = []
+        self._probs: list[torch.Tensor] = []
+        self._stopped = False
+
+    @property
+    def done(self) -> bool:
+        """True once the draft is full or the stop callback ended it."""
+        return self._stopped or len(self.tokens) >= self.max_tokens
+
+    def add(self, logits: torch.Tensor) -> int:
+        """Choose the next token from its raw logits (V,) over the target vocabulary."""
+        logits = logits.float()
+        if self.sampling.greedy:
+            token = int(logits.argmax())
+        else:
+            probs = probabilities(logits, self.sampling)
+            token = sample(probs, self.generator)
+            self._probs.append(probs)
+        self.tokens.append(token)
+        self._logits.append(logits)
+        if self.stop is not None and self.stop(len(self.tokens) - 1, logits):
+            self._stopped = True
+        return token
+
+    def draft(self) -> Draft:
+        if not self.tokens:
+            return Draft.empty()
+        return Draft(
+            tokens=torch.tensor(self.tokens, dtype=torch.long),
+            probs=torch.stack(self._probs) if self._probs else None,
+            logits=torch.stack(self._logits),
+        )
+
+
+def to_target_vocab(
+    logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int
+) -> torch.Tensor:
+    """Draft-vocabulary logits (..., V_d) on the target vocabulary (..., V): -inf outside the
+    draft vocabulary, so q is zero there and rejection sampling stays exact. d2t (V_d,) maps
+    draft ids to target ids; None means the logits already cover the target vocabulary."""
+    if d2t is None:
+        return logits
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    return full.index_copy(-1, d2t.to(logits.device), logits)

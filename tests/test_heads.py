@@ -1,0 +1,368 @@
+"""Trainable heads: built from tiny Llama / Qwen2 configs, trained with the alignment convention,
+drafting losslessly through the decoder, and rolling their own state back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import greedy_reference, tiny_model
+
+from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.heads import DraftHead, build_draft_vocab, drafter_class
+from draftsmith.heads.trainable import TargetBatch
+from draftsmith.sampling import SamplingParams
+
+HEADS = {
+    "medusa": ("medusa", {"num_heads": 4}),
+    "mtp": ("mtp", {"num_modules": 3}),
+    "eagle": ("eagle", {"num_steps": 2}),
+    "eagle3": ("eagle3", {"num_steps": 3, "feature_layers": [0, 1, 2]}),
+    "eagle3-reduced": ("eagle3", {"num_steps": 2, "draft_vocab_size": 64}),
+    "distilled": ("distilled", {}),
+    "distilled-lora": ("distilled", {"lora_rank": 4}),
+}
+REDUCED_VOCAB = 64
+TRAIN_PROMPTS = [[5, 6, 7], [11, 3], [40, 41, 42, 43], [100]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared machine the hand-offs
+    between threads cost more than the arithmetic."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def build_head(name: str, target) -> DraftHead:
+    kind, hyper = HEADS[name]
+    head = drafter_class(kind).from_target_config(target.config, **hyper)
+    head.bind_target(target)
+    return head
+
+
+def target_batch(target, head: DraftHead, input_ids: torch.Tensor) -> TargetBatch:
+    """What the trainer hands a head: the target's logits and the features the head reads."""
+    with torch.no_grad():
+        out = target(input_ids, output_hidden_states=True)
+    layers = head.target_feature_layers
+    features = torch.cat([out.hidden_states[i] for i in layers], -1) if layers else None
+    return TargetBatch(input_ids, torch.ones_like(input_ids), features, out.logits)
+
+
+def training_ids(target, length: int = 32) -> torch.Tensor:
+    """(4, length) the target's own greedy continuations of TRAIN_PROMPTS."""
+    rows = [p + greedy_reference(target, torch.tensor(p), length - len(p)) for p in TRAIN_PROMPTS]
+    return torch.tensor(rows)
+
+
+def fit(head: DraftHead, target, steps: int = 60) -> DraftHead:
+    """Train briefly on the target's greedy paths with hard labels under the alignment
+    convention: step k at position t learns the target's argmax at t + k."""
+    input_ids = training_ids(target)
+    if head.draft_to_target() is not None:
+        counts = torch.bincount(input_ids.flatten(), minlength=target.config.vocab_size)
+        head.set_draft_vocab(*build_draft_vocab(counts, REDUCED_VOCAB))
+    batch = target_batch(target, head, input_ids)
+    labels = batch.target_logits.argmax(-1)
+    if head.draft_to_target() is not None:
+        labels = head.t2d[labels]  # -1 (ignored) outside the draft vocabulary
+    optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(steps):
+        loss = 0.0
+        for k, logits in enumerate(head.forward_train(batch)):
+            n = labels.shape[1] - 1 - k
+            loss = loss + F.cross_entropy(
+                logits[:, :n].flatten(0, 1), labels[:, k : k + n].flatten(), ignore_index=-1
+            )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Heads of every kind trained briefly on the tiny Llama, built on first use."""
+    target, heads = tiny_model("llama", seed=0), {}
+
+    def get(name: str) -> tuple[object, DraftHead]:
+        if name not in heads:
+            heads[name] = fit(build_head(name, target), target)
+        return target, heads[name]
+
+    return get
+
+
+# -- building and training ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", HEADS)
+def test_forward_train_shapes_and_gradients(name, arch, llama, qwen2):
+    target = {"llama": llama, "qwen2": qwen2}[arch]
+    head = build_head(name, target)
+    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    step_logits = head.forward_train(target_batch(target, head, input_ids))
+    vocab = REDUCED_VOCAB if head.draft_to_target() is not None else 256
+    assert len(step_logits) == head.num_steps
+    assert all(logits.shape == (2, 9, vocab) for logits in step_logits)
+    sum(logits.logsumexp(-1).sum() for logits in step_logits).backward()
+    trainable = [(n, p) for n, p in head.named_parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None for _, p in trainable), (
+        "a parameter gets no gradient"
+    )
+    # The target is shared, never owned: no tensor of the head is one of the target's.
+    target_storage = {p.data_ptr() for p in target.parameters()}
+    assert not target_storage & {t.data_ptr() for t in head.state_dict().values()}
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_initialisation_is_a_function_of_the_hyper_parameters(name, llama):
+    """What lets load_drafter tell an untrained artifact: rebuilding gives the same weights."""
+    head = build_head(name, llama)
+    kind, _ = HEADS[name]
+    again = drafter_class(kind).from_target_config(llama.config, **head.hyper_parameters())
+    again.bind_target(llama)
+    first, second = head.state_dict(), again.state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    if name == "distilled":
+        return  # a plain copy of target layers: nothing random to seed
+    other = drafter_class(kind).from_target_config(
+        llama.config, **{**head.hyper_parameters(), "seed": 1}
+    )
+    other.bind_target(llama)
+    assert any(not torch.equal(p, first[n]) for n, p in other.state_dict().items())
+
+
+# Which inputs step k at row t reads at the latest: the token at t + k (None: no tokens) and the
+# target feature at t + offset (None: no features).
+READS = {
+    "medusa": (None, 0),
+    "mtp": (0, -1),
+    "eagle": (0, -1),
+    "eagle3": (0, -1),
+    "eagle3-reduced": (0, -1),
+    "distilled": (0, None),
+    "distilled-lora": (0, None),
+}
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_step_k_at_t_reads_nothing_past_what_drafting_has(name, llama):
+    """Causality and the alignment convention: step k at row t (predicting token t + 1 + k) sees
+    tokens up to t + k and target features up to t - 1 (features lag the tokens: drafting never
+    has the newest token's feature), or up to t for Medusa, whose head k predicts from the
+    feature of t itself. Changing the latest input it may read changes it (the test can fail)."""
+    head = build_head(name, llama)
+    gen = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, 256, (1, 10), generator=gen)
+    batch = target_batch(llama, head, input_ids)
+    base = head.forward_train(batch)
+    token_offset, feature_offset = READS[name]
+    t = 4
+    for k in range(head.num_steps):
+        later_ids = input_ids.clone()
+        later_ids[:, t + k + 1 :] = torch.randint(0, 256, (1, 10 - t - k - 1), generator=gen)
+        features = batch.features
+        if features is not None:
+            features = features.clone()
+            features[:, t + feature_offset + 1 :] += 1.0
+        changed = head.forward_train(TargetBatch(later_ids, batch.loss_mask, features, None))
+        torch.testing.assert_close(changed[k][:, : t + 1], base[k][:, : t + 1])
+
+        if token_offset is not None:
+            ids = input_ids.clone()
+            ids[:, t + k] = (ids[:, t + k] + 1) % 256
+            moved = head.forward_train(TargetBatch(ids, batch.loss_mask, batch.features, None))
+            assert not torch.allclose(moved[k][:, t], base[k][:, t])
+        if feature_offset is not None:
+            features = batch.features.clone()
+            features[:, t + feature_offset] += 1.0
+            moved = head.forward_train(TargetBatch(input_ids, batch.loss_mask, features, None))
+            assert not torch.allclose(moved[k][:, t], base[k][:, t])
+
+
+def test_eagle3_training_time_test_unrolls_on_its_own_outputs(llama):
+    """Step 1 at row t must not read the target feature of position t (drafting does not have
+    it), yet must depend on step 0's output there: it consumes the head's own prediction."""
+    head = build_head("eagle3", llama)
+    input_ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(2))
+    batch = target_batch(llama, head, input_ids)
+    base = head.forward_train(batch)
+    t = 3
+    with torch.no_grad():
+        head.block.layer.mlp.down_proj.weight.mul_(1.5)  # changes step 0's outputs
+    reweighted = head.forward_train(batch)
+    assert not torch.allclose(reweighted[1][:, t], base[1][:, t])
+    # Step 0 at row t + 1 reads feature t; step 1 at row t stands for the same draft position
+    # and must not.
+    with torch.no_grad():
+        head.block.layer.mlp.down_proj.weight.div_(1.5)
+    features = batch.features.clone()
+    features[:, t] += 1.0
+    moved = head.forward_train(TargetBatch(input_ids, batch.loss_mask, features, None))
+    assert not torch.allclose(moved[0][:, t + 1], base[0][:, t + 1])
+    torch.testing.assert_close(moved[1][:, t], base[1][:, t])
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_drafting_computes_what_training_scored(name, llama):
+    """The drafter's logits for draft token j equal forward_train's step j at the newest
+    committed row, teacher-forced on the drafted tokens: training and drafting agree on the
+    alignment (for Medusa the row is the one before, whose feature drafting reads)."""
+    head = build_head(name, llama)
+    prompt = torch.tensor([7, 1, 99, 23, 5, 64])
+    drafter = head.as_drafter(llama)
+    features = target_batch(llama, head, prompt[None]).features
+    drafter.start(prompt, None if features is None else features[0, :-1])
+    draft = drafter.propose(4, SamplingParams())
+    assert len(draft) >= 1
+    sequence = torch.cat([prompt, draft.tokens])[None]
+    step_logits = head.forward_train(target_batch(llama, head, sequence))
+    d2t = head.draft_to_target()
+    newest = prompt.numel() - 1
+    steps = head.num_steps - 1 if name == "medusa" else head.num_steps
+    for j in range(min(len(draft), steps)):
+        step, row = (j + 1, newest - 1) if name == "medusa" else (j, newest)
+        expected = step_logits[step][0, row]
+        got = draft.logits[j] if d2t is None else draft.logits[j, d2t]
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+# -- decoding -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", HEADS)
+def test_untrained_heads_decode_losslessly(name, arch, llama, qwen2):
+    target = {"llama": llama, "qwen2": qwen2}[arch]
+    drafter = build_head(name, target).as_drafter(target)
+    drafted = accepted = 0
+    for prompt, draft_len in (([9], 3), ([4, 8, 15, 16, 23], 5)):
+        prompt = torch.tensor(prompt)
+        decoder = SpeculativeDecoder(
+            target, drafter, policy=DraftLengthPolicy(max_tokens=draft_len)
+        )
+        result = decoder.generate(prompt, max_new_tokens=16)
+        assert result.tokens == greedy_reference(target, prompt, 16)
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+        sampled = decoder.generate(prompt, max_new_tokens=16, temperature=0.8, top_k=50, seed=0)
+        assert len(sampled.tokens) == 16
+    assert drafted > 0 and accepted < drafted  # drafts were made and rejected
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_trained_heads_accept_partially_and_stay_lossless(name, trained):
+    target, head = trained(name)
+    drafter = head.as_drafter(target)
+    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_tokens=3))
+    drafted = accepted = 0
+    for prompt in [*TRAIN_PROMPTS, [9, 9, 9]]:
+        prompt = torch.tensor(prompt)
+        result = decoder.generate(prompt, max_new_tokens=24)
+        assert result.tokens == greedy_reference(target, prompt, 24)
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+    assert 0 < accepted < drafted
+
+
+def _assert_rows_equal(cache, fresh, rows: int) -> None:
+    for layer, fresh_layer in zip(cache.layers, fresh.layers, strict=True):
+        assert layer.keys.shape[-2] == rows
+        torch.testing.assert_close(
+            layer.keys, fresh_layer.keys[..., :rows, :], atol=1e-5, rtol=1e-4
+        )
+        torch.testing.assert_close(
+            layer.values, fresh_layer.values[..., :rows, :], atol=1e-5, rtol=1e-4
+        )
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "mtp", "distilled"])
+def test_own_cache_after_decoding_equals_a_fresh_prefill(name, trained):
+    """After rounds with rejections, the rows a drafter kept are exactly what a fresh drafter
+    computes from the committed tokens and the target's features."""
+    target, head = trained(name)
+    drafter = head.as_drafter(target)
+    prompt = [40, 41]  # near a training path: partly accepted
+    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_tokens=3))
+    result = decoder.generate(prompt, max_new_tokens=20)
+    assert 0 < result.stats.accepted < result.stats.drafted
+    committed = torch.tensor(prompt + result.tokens)
+
+    fresh = head.as_drafter(target)
+    features = target_batch(target, head, committed[None]).features
+    fresh.start(committed, None if features is None else features[0, :-1])
+    fresh.propose(3, SamplingParams())  # runs every committed row (and drafts)
+    if name == "mtp":
+        pairs = list(zip(drafter._depths, fresh._depths, strict=True))
+    else:
+        pairs = [(drafter._own, fresh._own)]
+    for k, (own, fresh_own) in enumerate(pairs):  # module k's row q read token q + k
+        assert len(own) > 0 and own.tokens == committed[k : k + len(own)].tolist()
+        _assert_rows_equal(own.kv, fresh_own.kv, len(own))
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_stop_callback_and_draft_caps(name, llama):
+    head = build_head(name, llama)
+    drafter = head.as_drafter(llama)
+    prompt = torch.tensor([3, 1, 4, 1, 5])
+    features = target_batch(llama, head, prompt[None]).features
+    drafter.start(prompt, None if features is None else features[0, :-1])
+    seen = []
+
+    def stop(position, logits):
+        seen.append((position, logits.shape))
+        return position == 1
+
+    assert len(drafter.propose(6, SamplingParams(), stop=stop)) == 2
+    assert seen == [(0, (256,)), (1, (256,))]
+    cap = {"medusa": 3, "mtp": 3}.get(name, 6)  # K - 1 Medusa heads after head 0, K MTP modules
+    assert len(drafter.propose(6, SamplingParams())) == cap
+    assert len(drafter.propose(0, SamplingParams())) == 0
+
+
+# -- reduced draft vocabulary ---------------------------------------------------------------------
+
+
+def test_build_draft_vocab_round_trip():
+    counts = torch.tensor([5, 0, 9, 9, 1, 7, 0, 2])
+    d2t, t2d = build_draft_vocab(counts, 4)
+    assert d2t.tolist() == [0, 2, 3, 5]  # the four most frequent, in target-id order
+    assert torch.equal(t2d[d2t], torch.arange(4))
+    assert t2d.tolist() == [0, -1, 1, 2, -1, 3, -1, -1]
+    assert build_draft_vocab(torch.tensor([3, 3, 3]), 2)[0].tolist() == [0, 1]  # ties: lower ids
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        build_draft_vocab(counts, 9)
+
+
+def test_set_draft_vocab_rejects_maps_that_are_not_inverse(llama):
+    head = build_head("eagle3-reduced", llama)
+    d2t, t2d = build_draft_vocab(torch.arange(256), REDUCED_VOCAB)
+    with pytest.raises(ValueError, match="not inverse"):
+        head.set_draft_vocab(d2t, t2d.roll(1))
+    head.set_draft_vocab(d2t, t2d)
+    assert torch.equal(head.draft_to_target(), d2t)
+
+
+def test_reduced_vocab_puts_q_on_the_target_vocabulary(trained):
+    target, head = trained("eagle3-reduced")
+    d2t = head.draft_to_target()
+    outside = torch.ones(256, dtype=torch.bool)
+    outside[d2t] = False
+    drafter = head.as_drafter(target)
+    prompt = torch.tensor(TRAIN_PROMPTS[0])
+    features = target_batch(target, head, prompt[None]).features
+    drafter.start(prompt, features[0, :-1])
+    sampling = SamplingParams(temperature=1.0)
+    draft = drafter.propose(3, sampling, torch.Generator().manual_seed(0))
+    assert draft.probs.shape == (len(draft), 256)
+    assert torch.all(draft.probs[:, outside] == 0)
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(len(draft)))
+    assert torch.isin(draft.tokens, d2t).all()
+    assert torch.all(draft.logits[:, outside] == float("-inf"))
