@@ -68,6 +68,31 @@ def _bench(args: argparse.Namespace) -> None:
         print(f"wrote {args.json}")
 
 
+def _train(args: argparse.Namespace) -> None:
+    from draftsmith.train.trainer import main as train_main
+
+    train_main(args.arguments, prog="draftsmith train")
+
+
+def _prepare_data(args: argparse.Namespace) -> None:
+    from draftsmith.train.data import add_prepare_data_arguments, run_prepare_data
+
+    parser = argparse.ArgumentParser(
+        prog="draftsmith prepare-data",
+        description="Tokenize and pack a data source into fixed-length training rows.",
+    )
+    add_prepare_data_arguments(parser)
+    run_prepare_data(parser.parse_args(args.arguments))
+
+
+def _deferred(commands, name: str, summary: str):
+    """A subcommand whose arguments its handler parses (so its imports stay lazy): every word,
+    --help included, is passed on (no prefix character marks an option here)."""
+    parser = commands.add_parser(name, help=summary, add_help=False, prefix_chars="\0")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
@@ -99,6 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", type=Path, default=None, help="write the report here")
     bench.set_defaults(func=_bench)
+
+    train = _deferred(
+        commands,
+        "train",
+        "train a drafter head in this process: RECIPE.yaml [key=value ...] (--help: all keys)",
+    )
+    train.set_defaults(func=_train)
+    prepare = _deferred(
+        commands, "prepare-data", "tokenize and pack a data source into training rows (--help)"
+    )
+    prepare.set_defaults(func=_prepare_data)
     return parser
 
 

@@ -1,0 +1,14 @@
+"""Train a drafter head on a frozen target from a recipe, in one process or many:
+
+    accelerate launch [--config_file recipes/accelerate/NAME.yaml] scripts/train.py RECIPE.yaml [key=value ...]
+
+``scripts/train.py --help`` lists every recipe key.
+"""
+
+import logging
+
+from draftsmith.train.trainer import main
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    main()

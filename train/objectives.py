@@ -1,0 +1,268 @@
+"""The one training objective of every head kind, and the agreement metrics that evaluate it.
+
+A head's `forward_train` returns K step logits; step k at position t predicts token t + 1 + k and
+is scored against the target's logits at position t + k (the alignment convention of
+`draftsmith.heads.trainable`). Per step, a divergence between the target's distribution p and
+the draft's q is averaged over the positions that count, and the steps are combined with decay
+weights ``step_decay ** k`` (normalised to sum to 1, so the loss scale does not grow with K):
+
+    forward_kl   KL(p || q)             soft labels (EAGLE-3; the default)
+    reverse_kl   KL(q || p)             mode seeking
+    tv           1/2 sum |p - q|        total variation: 1 - TV is the acceptance rate of q
+    jsd          beta KL(p || m) + (1 - beta) KL(q || m),  m = beta p + (1 - beta) q (DistillSpec)
+    ce_argmax    -log q(argmax p)       hard labels (Medusa-classic)
+
+A head with a reduced draft vocabulary (`draft_to_target()` maps its V_d ids to target ids)
+is scored against the target's logits gathered onto those ids and renormalised there; under
+``ce_argmax`` a position whose target argmax lies outside the draft vocabulary has no label and
+is skipped.
+
+Agreement (the evaluation metric): at a counted position, step k agrees when the draft's argmax
+(mapped to a target id) equals the target's argmax over the full vocabulary. `Agreement` also
+counts agreement *conditional on all earlier steps agreeing at the same position*, which is what a
+chain draft started there would need, and turns it into a simulated mean accepted length
+(`Agreement.tau_sim`). That simulation is teacher-forced: every step sees the data's tokens as
+context (and the head's own earlier predictions where its `forward_train` feeds them back),
+whereas at inference the context after an accepted token is the target's own choice. Where the
+data's next token differs from the target's argmax the two contexts differ, so tau_sim
+estimates the decoder's tau rather than reproducing it; the decoder's benchmark measures the
+real one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "DIVERGENCES",
+    "Agreement",
+    "ObjectiveConfig",
+    "ObjectiveOutput",
+    "divergence",
+    "draft_objective",
+    "step_weights",
+]
+
+Divergence = Literal["forward_kl", "reverse_kl", "tv", "jsd", "ce_argmax"]
+DIVERGENCES: tuple[str, ...] = ("forward_kl", "reverse_kl", "tv", "jsd", "ce_argmax")
+
+
+@dataclass(kw_only=True)
+class ObjectiveConfig:
+    """How a head's step logits are scored against the target."""
+
+    divergence: Divergence = "forward_kl"
+    """forward_kl (soft labels, EAGLE-3), reverse_kl, tv, jsd (DistillSpec) or ce_argmax (hard
+    labels from the target's argmax, Medusa-classic)."""
+    step_decay: float = 0.8
+    """Step k's weight is step_decay ** k (normalised over the K steps)."""
+    jsd_beta: float = 0.5
+    """jsd only: the mixture weight beta of the target's distribution, in (0, 1)."""
+
+    def __post_init__(self) -> None:
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(
+                f"objective.divergence must be one of {', '.join(DIVERGENCES)}; "
+                f"got {self.divergence!r}"
+            )
+        if not self.step_decay > 0:
+            raise ValueError(f"objective.step_decay must be positive, got {self.step_decay}")
+        if not 0 < self.jsd_beta < 1:
+            raise ValueError(f"objective.jsd_beta must be in (0, 1), got {self.jsd_beta}")
+
+
+@dataclass
+class Agreement:
+    """Top-1 agreement counts per step; sums over batches and processes (`__add__`, all-reduce
+    the tensors) before reading rates."""
+
+    agree: torch.Tensor
+    """(K,) counted positions where step k's argmax equals the target's."""
+    total: torch.Tensor
+    """(K,) counted positions of step k."""
+    chain_agree: torch.Tensor
+    """(K,) positions where steps 0..k all agree."""
+    chain_total: torch.Tensor
+    """(K,) positions where steps 0..k-1 all agree and step k is counted."""
+
+    @classmethod
+    def zeros(cls, num_steps: int, device: torch.device | str = "cpu") -> Agreement:
+        return cls(*(torch.zeros(num_steps, dtype=torch.long, device=device) for _ in range(4)))
+
+    def __add__(self, other: Agreement) -> Agreement:
+        return Agreement(
+            self.agree + other.agree,
+            self.total + other.total,
+            self.chain_agree + other.chain_agree,
+            self.chain_total + other.chain_total,
+        )
+
+    def as_tensor(self) -> torch.Tensor:
+        """(4, K) stacked counts, for one all-reduce."""
+        return torch.stack([self.agree, self.total, self.chain_agree, self.chain_total])
+
+    @classmethod
+    def from_tensor(cls, counts: torch.Tensor) -> Agreement:
+        return cls(*counts.unbind(0))
+
+    def top1(self) -> list[float]:
+        """Per-step top-1 agreement with the target (teacher-forced)."""
+        return _rates(self.agree, self.total)
+
+    def acceptance(self) -> list[float]:
+        """Per-step conditional acceptance acc_k = P(step k agrees | steps < k agree)."""
+        return _rates(self.chain_agree, self.chain_total)
+
+    def tau_sim(self) -> list[float]:
+        """Simulated mean accepted length of a greedy chain draft of k = 1..K tokens:
+        tau_sim(k) = 1 + sum_{j<k} prod_{i<=j} acc_i (the target's own token counts 1)."""
+        taus, reach, tau = [], 1.0, 1.0
+        for acc in self.acceptance():
+            reach *= 0.0 if math.isnan(acc) else acc
+            tau += reach
+            taus.append(tau)
+        return taus
+
+
+@dataclass
+class ObjectiveOutput:
+    loss: torch.Tensor
+    """() the decay-weighted mean of the per-step losses (carries the gradient)."""
+    step_losses: torch.Tensor
+    """(K,) detached per-step losses."""
+    agreement: Agreement
+
+
+def step_weights(num_steps: int, decay: float) -> torch.Tensor:
+    """(K,) float32 weights decay ** k, normalised to sum to 1."""
+    weights = decay ** torch.arange(num_steps, dtype=torch.float32)
+    return weights / weights.sum()
+
+
+def divergence(
+    kind: Divergence,
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    *,
+    jsd_beta: float = 0.5,
+) -> torch.Tensor:
+    """Per-position divergence of the draft from the target.
+
+    draft_logits, target_logits (..., V) over the same vocabulary; returns (...,) float32.
+    ce_argmax takes its label from the target's argmax over these logits.
+    """
+    log_q = F.log_softmax(draft_logits.float(), dim=-1)
+    log_p = F.log_softmax(target_logits.float(), dim=-1)
+    return _divergence(kind, log_q, log_p, jsd_beta)
+
+
+def _divergence(
+    kind: Divergence, log_q: torch.Tensor, log_p: torch.Tensor, jsd_beta: float
+) -> torch.Tensor:
+    """`divergence` from log-probabilities log_q (draft), log_p (target) (..., V)."""
+    if kind == "forward_kl":
+        return _kl(log_p, log_q)
+    if kind == "reverse_kl":
+        return _kl(log_q, log_p)
+    if kind == "tv":
+        return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+    if kind == "jsd":
+        log_m = torch.logaddexp(log_p + math.log(jsd_beta), log_q + math.log1p(-jsd_beta))
+        return jsd_beta * _kl(log_p, log_m) + (1 - jsd_beta) * _kl(log_q, log_m)
+    if kind == "ce_argmax":
+        return -log_q.gather(-1, log_p.argmax(-1, keepdim=True)).squeeze(-1)
+    raise ValueError(f"unknown divergence {kind!r}; choose one of {', '.join(DIVERGENCES)}")
+
+
+def draft_objective(
+    step_logits: Sequence[torch.Tensor],
+    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: ObjectiveConfig,
+    draft_to_target: torch.Tensor | None = None,
+) -> ObjectiveOutput:
+    """Score K step logits against the target (see the module doc for the alignment).
+
+    step_logits: K tensors (B, T, V_d); target_logits (B, T, V); loss_mask (B, T), nonzero where
+    the next-token prediction at t is trained on (`TargetBatch.loss_mask`); draft_to_target
+    (V_d,) int64 or None when V_d == V. Step k at position t counts iff t + 1 + k < T and
+    loss_mask[t + k] (and, under ce_argmax with a reduced vocabulary, the label is drafted).
+    """
+    num_steps = len(step_logits)
+    if num_steps == 0:
+        raise ValueError("forward_train returned no step logits")
+    batch, length, vocab = target_logits.shape
+    device = target_logits.device
+    target_top1 = target_logits.argmax(-1)  # (B, T) over the full vocabulary
+    target_in_draft = target_logits
+    label_drafted = torch.ones_like(target_top1, dtype=torch.bool)
+    if draft_to_target is not None:
+        draft_to_target = draft_to_target.to(device)
+        target_in_draft = target_logits.index_select(-1, draft_to_target)
+        drafted = torch.zeros(vocab, dtype=torch.bool, device=device)
+        drafted[draft_to_target] = True
+        label_drafted = drafted[target_top1]
+    target_log_p = F.log_softmax(target_in_draft.float(), dim=-1)  # once for all K steps
+    mask = loss_mask.to(device=device, dtype=torch.bool)
+    if config.divergence == "ce_argmax":
+        mask = mask & label_drafted
+
+    weights = step_weights(num_steps, config.step_decay).to(device)
+    losses = []
+    agree = torch.zeros(num_steps, batch, length, dtype=torch.bool, device=device)
+    counted = torch.zeros_like(agree)
+    for k, logits in enumerate(step_logits):
+        n = length - 1 - k  # positions t whose label t + 1 + k lies inside the sequence
+        if n <= 0:
+            losses.append(logits.sum() * 0.0)  # keeps every step in the graph
+            continue
+        step_mask = mask[:, k : k + n]
+        per_position = _divergence(
+            config.divergence,
+            F.log_softmax(logits[:, :n].float(), dim=-1),
+            target_log_p[:, k : k + n],
+            config.jsd_beta,
+        )
+        losses.append(per_position.where(step_mask, 0.0).sum() / step_mask.sum().clamp_min(1))
+        with torch.no_grad():
+            top1 = logits[:, :n].argmax(-1)
+            if draft_to_target is not None:
+                top1 = draft_to_target[top1]
+            agree[k, :, :n] = top1 == target_top1[:, k : k + n]
+            counted[k, :, :n] = step_mask
+    step_losses = torch.stack(losses)
+    return ObjectiveOutput(
+        loss=(weights * step_losses).sum(),
+        step_losses=step_losses.detach(),
+        agreement=_count(agree, counted),
+    )
+
+
+def _count(agree: torch.Tensor, counted: torch.Tensor) -> Agreement:
+    """agree, counted (K, B, T) bool -> per-step plain and chain (prefix-conditional) counts."""
+    hit = agree & counted
+    # prefix[k]: steps 0..k-1 all agree (and were counted) at that position
+    prefix = torch.cat([torch.ones_like(hit[:1]), hit[:-1].cumprod(0).bool()])
+    return Agreement(
+        agree=hit.sum((1, 2)),
+        total=counted.sum((1, 2)),
+        chain_agree=(hit & prefix).sum((1, 2)),
+        chain_total=(counted & prefix).sum((1, 2)),
+    )
+
+
+def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
+    """KL(a || b) over the last dim from log-probabilities; 0 log 0 = 0."""
+    a = log_a.exp()
+    # where() inside the product keeps 0 * (-inf) from turning into a NaN value or gradient
+    return (a * torch.where(a > 0, log_a - log_b, 0.0)).sum(-1)
+
+
+def _rates(hits: torch.Tensor, totals: torch.Tensor) -> list[float]:
+    return [h / t if t else math.nan for h, t in zip(hits.tolist(), totals.tolist(), strict=True)]
