@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset
 
-from draftsmith.calibration.calibrators import build_calibrator
+from draftsmith.calibration.calibrators import build_calibrator, calibrator_class
 from draftsmith.calibration.collect import collect_from_decoding
 from draftsmith.calibration.metrics import calibration_metrics
 from draftsmith.decoding import SpeculativeDecoder
@@ -88,14 +88,15 @@ def calibrate_decoder(
     )
     outcome = "accept_prob" if sampling else "accepted"
     fit, held_out = split_by_source(records, config.fit_fraction)
-    signals = {name: np.asarray(fit[name]) for name in config.signals}
-    calibrator = build_calibrator(config.method, signals=config.signals).fit(
+    # Single-signal methods (temperature, isotonic, histogram) take the first signal.
+    names = config.signals[: calibrator_class(config.method).max_signals]
+    signals = {name: np.asarray(fit[name]) for name in names}
+    calibrator = build_calibrator(config.method, signals=names).fit(
         signals, np.asarray(fit[outcome])
     )
-    eval_signals = {name: np.asarray(held_out[name]) for name in config.signals}
     y = np.asarray(held_out[outcome])
-    raw = eval_signals["top1_prob"]
-    calibrated = calibrator.predict(eval_signals)
+    raw = np.asarray(held_out["top1_prob"])  # the drafter's own, uncalibrated confidence
+    calibrated = calibrator.predict({name: np.asarray(held_out[name]) for name in names})
     before = calibration_metrics(raw, y, n_bins=config.n_bins)
     after = calibration_metrics(calibrated, y, n_bins=config.n_bins)
 

@@ -85,6 +85,17 @@ def _prepare_data(args: argparse.Namespace) -> None:
     run_prepare_data(parser.parse_args(args.arguments))
 
 
+def _calibrate(args: argparse.Namespace) -> None:
+    from draftsmith.calibrate_command import add_calibrate_arguments, run_calibrate
+
+    parser = argparse.ArgumentParser(
+        prog="draftsmith calibrate",
+        description="Calibrate an artifact's confidence on held-out data.",
+    )
+    add_calibrate_arguments(parser)
+    run_calibrate(parser.parse_args(args.arguments))
+
+
 def _deferred(commands, name: str, summary: str):
     """A subcommand whose arguments its handler parses (so its imports stay lazy): every word,
     --help included, is passed on (no prefix character marks an option here)."""
@@ -106,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="plain vs Hugging Face assisted vs draftsmith, side by side"
     )
     bench.add_argument("--target", required=True, help="zoo name, local folder or hub id")
-    bench.add_argument("--drafter", required=True, help="draft-model:NAME_OR_PATH, ngram[:MAX_N]")
+    bench.add_argument(
+        "--drafter", required=True, help="draft-model:NAME_OR_PATH, ngram[:MAX_N] or artifact:PATH"
+    )
     bench.add_argument(
         "--prompts", type=Path, default=bundled_prompts(), help="jsonl of {prompt, workload}"
     )
@@ -119,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-path-confidence",
         type=float,
         default=0.0,
-        help="stop a draft once the product of its top-1 probabilities falls below this",
+        help="stop a draft once its cumulative acceptance probability (calibrated when the "
+        "artifact has a calibration, else the raw top-1 probabilities) falls below this",
     )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", type=Path, default=None, help="write the report here")
@@ -135,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "prepare-data", "tokenize and pack a data source into training rows (--help)"
     )
     prepare.set_defaults(func=_prepare_data)
+    calibrate = _deferred(
+        commands,
+        "calibrate",
+        "calibrate an artifact's confidence: ARTIFACT --target NAME --data FILE|SOURCE (--help)",
+    )
+    calibrate.set_defaults(func=_calibrate)
     return parser
 
 
