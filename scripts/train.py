@@ -10,5 +10,6 @@ import logging
 from draftsmith.train.trainer import main
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("draftsmith").setLevel(logging.INFO)
     main()

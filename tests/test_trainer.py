@@ -145,10 +145,14 @@ def recipe(corpus: Path, output_dir: Path, **overrides) -> dict:
     return raw
 
 
-def config_of(raw: dict, tmp_path: Path, overrides=()):
+def config_path(raw: dict, tmp_path: Path) -> Path:
     path = tmp_path / f"recipe-{len(list(tmp_path.glob('recipe-*')))}.yaml"
     path.write_text(yaml.safe_dump(raw))
-    return load_config(path, overrides)
+    return path
+
+
+def config_of(raw: dict, tmp_path: Path, overrides=()):
+    return load_config(config_path(raw, tmp_path), overrides)
 
 
 def metrics(output_dir: Path, split: str) -> list[dict]:
@@ -311,6 +315,23 @@ def test_every_real_head_kind_trains_and_exports(kind, tmp_path, corpus, target,
     assert len(result.metrics["top1"]) >= 1
     drafter = load_drafter(result.artifact, target)
     assert drafter.vocab_size == target.config.vocab_size
+
+
+def test_cli_prepares_data_and_trains_in_process(tmp_path, corpus, target, tokenizer, capsys):
+    from draftsmith.cli import main
+
+    folder = tmp_path / "target"
+    target.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    main(["prepare-data", "--target", str(folder), "--source", str(corpus), "--seq-len", "64",
+          "--max-tokens", "640", "--out", str(tmp_path / "rows")])  # fmt: skip
+    assert "10 rows x 64" in capsys.readouterr().out
+    raw = recipe(corpus, tmp_path / "run", target=str(folder), target_dtype="float32")
+    main(["train", str(config_path(raw, tmp_path)), "max_steps=2", "warmup_steps=0"])
+    assert json.loads((tmp_path / "run/drafter/config.json").read_text())["training"]["steps"] == 2
+    with pytest.raises(SystemExit):
+        main(["train", str(config_path(raw, tmp_path)), "max_step=2"])
+    assert "unknown key 'max_step'" in capsys.readouterr().err
 
 
 def free_port() -> int:

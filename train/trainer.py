@@ -59,7 +59,7 @@ from draftsmith.train.config import (
     load_config,
     save_config,
 )
-from draftsmith.train.data import build_dataset
+from draftsmith.train.data import DataConfig, build_dataset
 from draftsmith.train.features import (
     CachedFeatures,
     FeatureCache,
@@ -284,7 +284,6 @@ class Trainer:
         train_rows = self._rows(build_dataset(config.data, tokenizer))
         head = build_head(config.head, self.target, config.head_args).to(acc.device)
         fit_draft_vocab(head, *train_rows, self.target.config.get_text_config().vocab_size)
-        self.head_dtype = next(p.dtype for p in head.parameters() if p.is_floating_point())
         layers = tuple(head.target_feature_layers)
 
         self.train_source = self._train_source(*train_rows, layers)
@@ -344,7 +343,7 @@ class Trainer:
         acc.wait_for_everyone()
         return CachedFeatures(self.target, layers, FeatureCache(self.config.feature_cache))
 
-    def _eval_data(self):
+    def _eval_data(self) -> DataConfig:
         config = self.config
         if config.eval_data is not None:
             return config.eval_data
@@ -399,7 +398,7 @@ class Trainer:
             self.step += 1
             progress.update(1)
             done = self.step == config.max_steps
-            if self.step % config.log_every == 0 or self.step == config.max_steps:
+            if self.step % config.log_every == 0 or done:
                 record = window.flush(acc)
                 record.update(lr=self.scheduler.get_last_lr()[0], tokens_per_s=self.tokens_per_s)
                 progress.set_postfix(loss=f"{record['loss']:.3f}")
@@ -426,7 +425,7 @@ class Trainer:
         outputs = []
         for micro in range(config.grad_accum):
             indices = self.sampler.indices(self.step * config.grad_accum + micro)
-            batch = self._to_head_dtype(self.train_source.batch(indices, acc.device))
+            batch = _float_features(self.train_source.batch(indices, acc.device))
             last = micro == config.grad_accum - 1
             with contextlib.nullcontext() if last else acc.no_sync(self.module):
                 out = self.module(batch)
@@ -439,12 +438,6 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return outputs, grad_norm
-
-    def _to_head_dtype(self, batch: TargetBatch) -> TargetBatch:
-        """Features in the head's precision (autocast, when on, lowers them again)."""
-        if batch.features is not None:
-            batch.features = batch.features.to(self.head_dtype)
-        return batch
 
     def _tokens_per_step(self) -> int:
         config = self.config
@@ -473,7 +466,7 @@ class Trainer:
         mine = torch.arange(acc.process_index, rows, acc.num_processes)
         agreement, loss_sum, step_loss_sum, batches = None, 0.0, 0.0, 0
         for chunk in mine.split(config.batch_size):
-            out = self.module(self._to_head_dtype(self.eval_source.batch(chunk, acc.device)))
+            out = self.module(_float_features(self.eval_source.batch(chunk, acc.device)))
             agreement = out.agreement if agreement is None else agreement + out.agreement
             loss_sum += out.loss.float()
             step_loss_sum += out.step_losses.float()
@@ -620,6 +613,13 @@ class _Window:
         if self.grad_norm is not None:
             record["grad_norm"] = self.grad_norm
         return record
+
+
+def _float_features(batch: TargetBatch) -> TargetBatch:
+    """Features in float32, the head's master precision (autocast, when on, lowers them)."""
+    if batch.features is not None:
+        batch.features = batch.features.float()
+    return batch
 
 
 def _detached(out: ObjectiveOutput) -> ObjectiveOutput:
