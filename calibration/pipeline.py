@@ -102,7 +102,7 @@ def calibrate_decoder(
 
     artifact_dir = Path(artifact_dir)
     payload = {
-        "method": calibrator.kind,
+        "method": calibrator.to_dict()["kind"],  # auto reports the kind it chose
         "requested_method": config.method,
         "outcome": outcome,
         "temperature": config.temperature,
