@@ -86,6 +86,23 @@ class TargetParts:
         return self.lm_head(hidden)
 
 
+class SharesTargetParts:
+    """Mixin for heads that borrow the target's embeddings, final norm and LM head."""
+
+    _target: TargetParts | None = None
+
+    def bind_target(self, target: PreTrainedModel) -> None:
+        self._target = TargetParts.of(target)
+
+    def parts(self) -> TargetParts:
+        if self._target is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.bind_target(target) first: the head shares the target's "
+                "embeddings and LM head"
+            )
+        return self._target
+
+
 def block_config(target_config: PretrainedConfig) -> PretrainedConfig:
     """A copy of the target's text config describing one full-attention decoder layer.
 

@@ -18,6 +18,7 @@ from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.blocks import (
     DecoderBlock,
+    SharesTargetParts,
     TargetParts,
     causal_mask,
     lag,
@@ -41,7 +42,7 @@ def unrolled_mask(rows: int, step: int) -> torch.Tensor:
     return torch.cat([causal_mask(rows), *[eye] * step], dim=1)
 
 
-class FeatureRecurrentHead(DraftHead):
+class FeatureRecurrentHead(SharesTargetParts, DraftHead):
     """A head that runs one decoder block autoregressively on (feature, token) pairs.
 
     Row t reads `fuse`d target features of position t - 1 and the token at t, and outputs the
@@ -72,14 +73,6 @@ class FeatureRecurrentHead(DraftHead):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
-
-    def bind_target(self, target: PreTrainedModel) -> None:
-        self._target = TargetParts.of(target)
-
-    def parts(self) -> TargetParts:
-        if self._target is None:
-            raise RuntimeError("bind_target(target) first: the head reads the target's embeddings")
-        return self._target
 
     def step(
         self,

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
-from draftsmith.heads.blocks import TargetParts, seeded, text_config
+from draftsmith.heads.blocks import SharesTargetParts, TargetParts, seeded, text_config
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures
 from draftsmith.heads.trainable import DraftHead, TargetBatch
 from draftsmith.sampling import SamplingParams
@@ -34,7 +34,7 @@ class ResBlock(nn.Module):
 
 
 @register_drafter("medusa")
-class MedusaHead(DraftHead):
+class MedusaHead(SharesTargetParts, DraftHead):
     """K residual heads sharing the target's LM head.
 
     The target's `hidden_states[N]` is already the output of its final norm (transformers ties
@@ -64,15 +64,10 @@ class MedusaHead(DraftHead):
     def hyper_parameters(self) -> dict:
         return {"num_heads": self.num_heads, "seed": self.seed}
 
-    def bind_target(self, target: PreTrainedModel) -> None:
-        self._target = TargetParts.of(target)
-
     def head_logits(self, features: torch.Tensor, k: int) -> torch.Tensor:
         """features (B, T, H) -> head k's logits (B, T, V) of the token at t + 1 + k."""
-        if self._target is None:
-            raise RuntimeError("bind_target(target) first: the heads share the target's LM head")
         head = self.heads[k]
-        return self._target.logits(head(features.to(head.linear.weight)))
+        return self.parts().logits(head(features.to(head.linear.weight)))
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         if batch.features is None:

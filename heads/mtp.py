@@ -19,6 +19,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.blocks import (
     DecoderBlock,
+    SharesTargetParts,
     TargetParts,
     causal_mask,
     lag,
@@ -55,7 +56,7 @@ class MTPModule(nn.Module):
 
 
 @register_drafter("mtp")
-class MTPHead(DraftHead):
+class MTPHead(SharesTargetParts, DraftHead):
     """K chained MTP modules sharing the target's embeddings, final norm and LM head."""
 
     def __init__(self, target_config: PretrainedConfig, *, num_modules: int = 2, seed: int = 0):
@@ -77,14 +78,6 @@ class MTPHead(DraftHead):
 
     def hyper_parameters(self) -> dict:
         return {"num_modules": self.num_modules, "seed": self.seed}
-
-    def bind_target(self, target: PreTrainedModel) -> None:
-        self._target = TargetParts.of(target)
-
-    def parts(self) -> TargetParts:
-        if self._target is None:
-            raise RuntimeError("bind_target(target) first: MTP shares the target's embeddings")
-        return self._target
 
     def run_depth(
         self,
