@@ -1,16 +1,28 @@
 """Collect (confidence signals, outcome) pairs for every drafted token.
 
-From real decoding runs: a round hook on `SpeculativeDecoder.generate` sees each draft with its
-logits and the target's logits at the same positions. Per drafted token it records the signals and
-two outcomes:
+Per drafted token: the signals (`confidence_signals`) and two outcomes,
 
 - `accepted`: 1 when the draft token equals the target's argmax (greedy verification);
-- `accept_prob`: min(1, p(x) / q(x)) with p, q the target and draft distributions at the
-  collection temperature (the probability that sampling verification accepts token x).
+- `accept_prob`: the probability that sampling verification at the collection temperature
+  accepts it.
 
-Only tokens whose draft prefix was accepted by the verification that actually ran are recorded
-(positions up to and including the first rejection): later ones were conditioned on a rejected
-prefix and say nothing about acceptance.
+Two ways to get them:
+
+- **From real decoding runs** (`collect_from_decoding`): a round hook on
+  `SpeculativeDecoder.generate` sees each draft with its logits and the target's logits at the
+  same positions. `accept_prob` is min(1, p(x) / q(x)) for the drafted token x. Only tokens whose
+  draft prefix was accepted by the verification that actually ran are recorded (positions up to
+  and including the first rejection): later ones were conditioned on a rejected prefix.
+- **Teacher-forced** (`collect_teacher_forced`): one target forward and one `forward_train` of
+  the head over held-out rows score a draft chain at every position at once, tens of times more
+  tokens per second. Step k of the chain at position t is recorded when the head's steps before
+  it drafted the target's argmax *and* the text continues with those same tokens: then the head
+  saw exactly the context greedy decoding would give it, and the record equals a decoding one.
+  On text the target wrote itself under greedy decoding (`draftsmith.train.regenerate`) every
+  chain qualifies; on other text, chains are cut where text and target part. `accept_prob` is
+  the expectation over the draft token, sum_x min(p(x), q(x)), which has the same mean given the
+  signals as min(1, p(x) / q(x)) with less noise; under sampling the chain condition (greedy
+  tokens) only approximates a sampled context after step 0.
 """
 
 from __future__ import annotations
@@ -21,9 +33,11 @@ from dataclasses import dataclass, field
 import torch
 from datasets import Dataset
 from tqdm import tqdm
+from transformers import PreTrainedModel
 
 from draftsmith.calibration.signals import SIGNAL_NAMES, confidence_signals
 from draftsmith.decoding import RoundRecord, SpeculativeDecoder
+from draftsmith.heads.trainable import DraftHead, TargetBatch, target_batch
 from draftsmith.sampling import SamplingParams, probabilities
 
 OUTCOME_COLUMNS = ("accepted", "accept_prob")
@@ -58,6 +72,54 @@ class DraftRecorder:
         self.rows["accepted"].extend(accepted.tolist())
         self.rows["accept_prob"].extend(ratio.clamp(max=1.0).tolist())
         self.rows["source"].extend([self.source] * n)
+
+    def add_chains(
+        self,
+        step_logits: torch.Tensor,
+        batch: TargetBatch,
+        row: int,
+        draft_to_target: torch.Tensor | None,
+        first: int = 0,
+    ) -> None:
+        """Record the qualifying chain steps of one teacher-forced row.
+
+        step_logits (T, K, V_d): draft position k of the chain after position t drafts token
+        t + 1 + k; batch: the target's view of the rows; draft_to_target (V_d,) or None; chains
+        after positions before `first` are not recorded.
+        """
+        length, num_steps, _ = step_logits.shape
+        ids = batch.input_ids[row]
+        target_logits = batch.target_logits[row].float()  # (T, V)
+        drafted = step_logits.argmax(-1)  # (T, K)
+        if draft_to_target is not None:
+            drafted = draft_to_target.to(drafted.device)[drafted]
+        # label[t, k] = t + k: the target position whose logits score step k at t
+        label = torch.arange(length)[:, None] + torch.arange(num_steps)[None, :]
+        inside = label + 1 < length
+        label = label.clamp(max=length - 2).to(ids.device)
+        target_top1 = target_logits.argmax(-1)[label]  # (T, K)
+        accepted = drafted == target_top1
+        # the text continues with the drafted token, which the target would also have chosen
+        on_greedy_path = accepted & (ids[label + 1] == target_top1)
+        prefix_ok = torch.ones_like(accepted)
+        prefix_ok[:, 1:] = on_greedy_path[:, :-1].cumprod(-1).bool()
+        counted = batch.loss_mask[row].to(ids.device).bool()[label]
+        keep = prefix_ok & inside.to(ids.device) & counted
+        keep[:first] = False
+        if not keep.any():
+            return
+        signals = confidence_signals(step_logits, temperature=self.temperature)
+        sampling = SamplingParams(temperature=self.temperature)
+        q = probabilities(step_logits.float(), sampling)  # (T, K, V_d)
+        p = probabilities(target_logits, sampling)[label]  # (T, K, V)
+        if draft_to_target is not None:
+            p = p.index_select(-1, draft_to_target.to(p.device))
+        accept_prob = torch.minimum(p, q).sum(-1).clamp(max=1.0)
+        for name in SIGNAL_NAMES:
+            self.rows[name].extend(signals[name][keep].tolist())
+        self.rows["accepted"].extend(accepted[keep].float().tolist())
+        self.rows["accept_prob"].extend(accept_prob[keep].tolist())
+        self.rows["source"].extend([self.source] * int(keep.sum()))
 
     def dataset(self) -> Dataset:
         if not self.rows["accepted"]:
@@ -96,4 +158,38 @@ def collect_from_decoding(
             seed=seed + index,
             on_round=recorder,
         )
+    return recorder.dataset()
+
+
+@torch.inference_mode()
+def collect_teacher_forced(
+    head: DraftHead,
+    target: PreTrainedModel,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    batch_size: int = 2,
+) -> Dataset:
+    """Record every qualifying drafted token of the head's chains over held-out rows (see the
+    module docstring).
+
+    input_ids, loss_mask (N, T): packed rows in the data pipeline's convention (loss_mask[t] = 1:
+    token t counts); a chain step is recorded only where the token it drafts counts. Each row
+    is one `source` (calibration splits fit / eval by source).
+    """
+    recorder = DraftRecorder(temperature=temperature)
+    layers = tuple(head.target_feature_layers)
+    device = target.device
+    head = head.eval()
+    for first in tqdm(range(0, input_ids.shape[0], batch_size), desc="collect (teacher-forced)"):
+        ids = input_ids[first : first + batch_size].long().to(device)
+        batch = target_batch(target, ids, loss_mask[first : first + batch_size], layers)
+        steps = torch.stack(head.forward_train(batch), dim=2)  # (B, T, K, V_d)
+        # The draft after position t comes from row t - s, steps s .. K-1.
+        shift = head.first_drafted_step
+        steps = steps[:, :, shift:].roll(shift, dims=1)  # rows t < s wrap around: never kept
+        for row in range(ids.shape[0]):
+            recorder.source = first + row
+            recorder.add_chains(steps[row], batch, row, head.draft_to_target(), first=shift)
     return recorder.dataset()

@@ -1,8 +1,9 @@
 """Calibrate a drafter's confidence on held-out data and write the result into its artifact.
 
-decode held-out prompts with the drafter (recording every informative drafted token) -> split the
-records by prompt into fit / eval halves -> fit the calibrator on one half -> metrics, plots and
-report, raw vs calibrated, on the other half -> calibration.json + calibration/report.md.
+records of drafted tokens (`draftsmith.calibration.collect`: teacher-forced over held-out rows,
+or from decoding held-out prompts) -> split by source (row or prompt) into fit / eval halves ->
+fit the calibrator on one half -> metrics, plots and report, raw vs calibrated, on the other
+half -> calibration.json + calibration/report.md.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from datasets import Dataset
@@ -25,6 +27,9 @@ logger = logging.getLogger(__name__)
 REPORT_DIR = "calibration"
 
 
+Collection = Literal["teacher-forced", "decode"]
+
+
 @dataclass(kw_only=True)
 class CalibrateConfig:
     method: str = "auto"
@@ -34,11 +39,20 @@ class CalibrateConfig:
     sampling at temperature T (outcome: the acceptance probability min(1, p/q))."""
     signals: tuple[str, ...] = ("top1_prob", "margin", "entropy", "position")
     """Signals the calibrator may use (single-signal methods use the first)."""
+    collect: Collection = "teacher-forced"
+    """teacher-forced: score draft chains at every position of held-out rows in one pass (exact
+    for greedy decoding where the text is the target's own greedy output; see
+    `draftsmith.calibration.collect`); decode: record real decoding runs of held-out prompts."""
+    seq_len: int = 512
+    """teacher-forced: tokens per held-out row."""
+    max_tokens: int = 131_072
+    """teacher-forced: held-out tokens scored (rows of seq_len)."""
     prompt_tokens: int = 64
-    """Tokens of held-out text given as each prompt."""
+    """decode: tokens of held-out text given as each prompt."""
     max_new_tokens: int = 64
-    """Tokens decoded after each prompt."""
+    """decode: tokens decoded after each prompt."""
     max_prompts: int = 64
+    """decode: prompts decoded."""
     fit_fraction: float = 0.5
     """Share of prompts whose tokens fit the calibrator; the rest only evaluate it."""
     n_bins: int = 15
@@ -73,10 +87,7 @@ def calibrate_decoder(
     config: CalibrateConfig,
     metadata: dict | None = None,
 ) -> dict:
-    """Collect, fit, evaluate and write calibration.json + the report into artifact_dir.
-
-    Returns the calibration.json payload.
-    """
+    """Decode `prompts` recording every informative drafted token, then `calibrate_records`."""
     sampling = config.temperature > 0
     records = collect_from_decoding(
         decoder,
@@ -86,7 +97,18 @@ def calibrate_decoder(
         decode_temperature=config.temperature,
         seed=config.seed,
     )
-    outcome = "accept_prob" if sampling else "accepted"
+    return calibrate_records(records, artifact_dir, config, metadata)
+
+
+def calibrate_records(
+    records: Dataset,
+    artifact_dir: str | Path,
+    config: CalibrateConfig,
+    metadata: dict | None = None,
+) -> dict:
+    """Fit on some sources' records, evaluate on the others', and write calibration.json + the
+    report into artifact_dir. Returns the calibration.json payload."""
+    outcome = "accept_prob" if config.temperature > 0 else "accepted"
     fit, held_out = split_by_source(records, config.fit_fraction)
     # Single-signal methods (temperature, isotonic, histogram) take the first signal.
     names = config.signals[: calibrator_class(config.method).max_signals]

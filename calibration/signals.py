@@ -54,11 +54,12 @@ def confidence_signals(logits: torch.Tensor, temperature: float = 1.0) -> dict[s
     """Per drafted token confidence signals from the draft logits.
 
     Args:
-        logits (k, V): raw draft logits, one row per drafted position, in draft order.
+        logits (k, V): raw draft logits, one row per drafted position, in draft order; or
+            (N, k, V): N drafts of k tokens each (a teacher-forced pass scores many at once).
         temperature: the sampling temperature the draft is made at; 1.0 for greedy decoding.
 
     Returns:
-        A dict keyed by `SIGNAL_NAMES`, each (k,) float32 on the logits' device:
+        A dict keyed by `SIGNAL_NAMES`, each (k,) (or (N, k)) float32 on the logits' device:
 
         - `top1_prob`: largest probability of the draft distribution softmax(logits / T).
         - `margin`: top-1 minus top-2 probability (equals top1_prob when V == 1).
@@ -71,21 +72,25 @@ def confidence_signals(logits: torch.Tensor, temperature: float = 1.0) -> dict[s
           probability by how spread the rest of the distribution is; it lies in (0, 1] and is 1
           only for a one-hot draft.
     """
-    check_logits(logits)
+    if isinstance(logits, torch.Tensor) and logits.ndim == 3:
+        check_logits(logits.flatten(0, 1))
+    else:
+        check_logits(logits)
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     top = probs.topk(min(2, probs.shape[-1]), dim=-1).values
-    top1 = top[:, 0]
-    top2 = top[:, 1] if top.shape[1] > 1 else torch.zeros_like(top1)
+    top1 = top[..., 0]
+    top2 = top[..., 1] if top.shape[-1] > 1 else torch.zeros_like(top1)
     # entr(0) = 0, so masked (-inf) tokens add nothing instead of 0 * log 0 = NaN.
     entropy = torch.special.entr(probs).sum(-1)
+    position = torch.arange(logits.shape[-2], dtype=torch.float32, device=logits.device)
     return {
         "top1_prob": top1,
         "margin": top1 - top2,
         "entropy": entropy,
-        "position": torch.arange(logits.shape[0], dtype=torch.float32, device=logits.device),
-        "path_prob": torch.cumprod(top1, dim=0),
+        "position": position.expand_as(top1),
+        "path_prob": torch.cumprod(top1, dim=-1),
         "composite": top1 * torch.exp(-entropy),
     }
 

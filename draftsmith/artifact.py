@@ -263,6 +263,21 @@ def load_drafter(
     `drafter.acceptance_prob(signals)` is calibrated.
     """
     path = Path(path)
+    drafter = load_head(path, target, allow_untrained=allow_untrained).as_drafter(target)
+    if (path / CALIBRATION_FILE).is_file():
+        from draftsmith.calibration import Calibrator
+
+        drafter.calibrator = Calibrator.load(path / CALIBRATION_FILE)
+    return drafter
+
+
+def load_head(
+    path: str | os.PathLike, target: PreTrainedModel, *, allow_untrained: bool = False
+) -> DraftHead:
+    """The artifact's trained head, bound to `target`, in eval mode, on the target's device and
+    dtype (its training-side interface, e.g. for teacher-forced calibration); checked as
+    `load_drafter` checks it."""
+    path = Path(path)
     config = _read_config(path)
     head_cls = _head_class(config, path)
     _check_target(config, target, path)
@@ -281,12 +296,7 @@ def load_drafter(
     _check_trained(head, tensors, path, allow_untrained)
     head.load_state_dict(tensors, strict=False)  # tied aliases are filled through their storage
     head.to(device=target.device, dtype=target.dtype)  # integer buffers (d2t) keep their dtype
-    drafter = head.eval().as_drafter(target)
-    if (path / CALIBRATION_FILE).is_file():
-        from draftsmith.calibration import Calibrator
-
-        drafter.calibrator = Calibrator.load(path / CALIBRATION_FILE)
-    return drafter
+    return head.eval()
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -15,8 +15,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         required=True,
-        help="held-out data: a jsonl with 'text' or 'prompt' fields, or a source spec "
-        "(stdlib, chitchat: their held-out split is used)",
+        help="held-out data: a jsonl file (taken whole) with 'text', 'prompt' + 'completion' "
+        "(e.g. `draftsmith regenerate` output) or, for --collect decode, 'prompt' fields; or a "
+        "source name (stdlib, chitchat: its held-out split)",
     )
     parser.add_argument(
         "--method",
@@ -30,45 +31,106 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         help="0: calibrate for greedy verification; T > 0: for sampling at temperature T",
     )
     parser.add_argument("--dtype", default="auto", choices=["float32", "bfloat16", "auto"])
-    parser.add_argument("--draft-tokens", type=int, default=4, help="draft length while collecting")
     defaults = CalibrateConfig()
-    parser.add_argument("--prompt-tokens", type=int, default=defaults.prompt_tokens)
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--max-prompts", type=int, default=defaults.max_prompts)
+    parser.add_argument(
+        "--collect",
+        default=defaults.collect,
+        choices=["teacher-forced", "decode"],
+        help="teacher-forced: score the head's draft chains over held-out rows in one pass; "
+        "decode: record real decoding runs",
+    )
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="teacher-forced")
+    parser.add_argument(
+        "--max-tokens", type=int, default=defaults.max_tokens, help="teacher-forced"
+    )
+    parser.add_argument("--draft-tokens", type=int, default=4, help="decode: draft length")
+    parser.add_argument("--prompt-tokens", type=int, default=defaults.prompt_tokens, help="decode")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=defaults.max_new_tokens, help="decode"
+    )
+    parser.add_argument("--max-prompts", type=int, default=defaults.max_prompts, help="decode")
     parser.add_argument("--seed", type=int, default=defaults.seed)
 
 
 def run_calibrate(args: argparse.Namespace) -> dict:
-    from draftsmith.artifact import load_drafter
-    from draftsmith.calibration.pipeline import calibrate_decoder
+    from draftsmith.artifact import load_head
+    from draftsmith.calibration.pipeline import calibrate_records
     from draftsmith.calibration.report import format_table
-    from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
     from draftsmith.models import load_model
 
     target, tokenizer = load_model(args.target, dtype=args.dtype)
-    drafter = load_drafter(args.artifact, target)
+    head = load_head(args.artifact, target)
     config = CalibrateConfig(
         method=args.method,
         temperature=args.temperature,
+        collect=args.collect,
+        seq_len=args.seq_len,
+        max_tokens=args.max_tokens,
         prompt_tokens=args.prompt_tokens,
         max_new_tokens=args.max_new_tokens,
         max_prompts=args.max_prompts,
         seed=args.seed,
     )
-    prompts = _held_out_prompts(args.data, tokenizer, config)
-    decoder = SpeculativeDecoder(
-        target, drafter, tokenizer, policy=DraftLengthPolicy(max_tokens=args.draft_tokens)
-    )
+    records = _collect(args, head, target, tokenizer, config)
     metadata = {"target": args.target, "data": str(args.data), "artifact": str(args.artifact)}
-    payload = calibrate_decoder(decoder, prompts, args.artifact, config, metadata)
+    payload = calibrate_records(records, args.artifact, config, metadata)
     print(f"calibrator: {payload['method']} on {', '.join(payload['signals'])}")
     print(
-        f"outcome: {payload['outcome']}; fit on {payload['n_fit']}, evaluated on "
-        f"{payload['n_eval']} drafted tokens"
+        f"outcome: {payload['outcome']} ({config.collect}); fit on {payload['n_fit']}, "
+        f"evaluated on {payload['n_eval']} drafted tokens"
     )
     print(format_table(payload["metrics"]["before"], payload["metrics"]["after"]))
     print(f"wrote {args.artifact / 'calibration.json'} and {args.artifact / 'calibration'}/")
     return payload
+
+
+def _collect(args: argparse.Namespace, head, target, tokenizer, config: CalibrateConfig):
+    """The drafted-token records of `config.collect` over the held-out `args.data`."""
+    from draftsmith.calibration.collect import collect_from_decoding, collect_teacher_forced
+    from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+
+    sampling = config.temperature > 0
+    temperature = config.temperature if sampling else 1.0
+    if config.collect == "teacher-forced":
+        input_ids, loss_mask = _held_out_rows(args.data, tokenizer, config)
+        return collect_teacher_forced(head, target, input_ids, loss_mask, temperature=temperature)
+    decoder = SpeculativeDecoder(
+        target,
+        head.as_drafter(target),
+        tokenizer,
+        policy=DraftLengthPolicy(max_tokens=args.draft_tokens),
+    )
+    return collect_from_decoding(
+        decoder,
+        _held_out_prompts(args.data, tokenizer, config),
+        max_new_tokens=config.max_new_tokens,
+        temperature=temperature,
+        decode_temperature=config.temperature,
+        seed=config.seed,
+    )
+
+
+def _held_out_rows(data: str, tokenizer, config: CalibrateConfig):
+    """input_ids, loss_mask (N, seq_len) of held-out rows: a jsonl file whole, or the held-out
+    split of a data source."""
+    import numpy as np
+    import torch
+
+    from draftsmith.train.data import DataConfig, build_dataset
+
+    path = Path(data)
+    if path.suffix == ".jsonl" and not path.is_file():
+        raise FileNotFoundError(f"calibration data {path} does not exist")
+    # A file is held-out data as a whole: heldout_fraction 0 puts all of it in one split.
+    split = {"split": "train", "heldout_fraction": 0.0} if path.exists() else {"split": "heldout"}
+    rows = build_dataset(
+        DataConfig(source=data, seq_len=config.seq_len, max_tokens=config.max_tokens, **split),
+        tokenizer,
+    ).with_format("numpy")
+    return (
+        torch.from_numpy(np.asarray(rows["input_ids"], dtype=np.int64)),
+        torch.from_numpy(np.asarray(rows["loss_mask"], dtype=np.int8)),
+    )
 
 
 def _held_out_prompts(data: str, tokenizer, config: CalibrateConfig) -> list:

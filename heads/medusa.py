@@ -43,6 +43,8 @@ class MedusaHead(SharesTargetParts, DraftHead):
     token.
     """
 
+    first_drafted_step = 1  # head 0 re-predicts the target's own next token
+
     def __init__(self, target_config: PretrainedConfig, *, num_heads: int = 5, seed: int = 0):
         super().__init__()
         if num_heads < 2:

@@ -38,6 +38,51 @@ class TargetBatch:
     """(B, T, V) the target's next-token logits at every position."""
 
 
+def next_token_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Data mask -> `TargetBatch.loss_mask`.
+
+    loss_mask (B, T): 1 where the token at t is a training target (the data pipeline's
+    convention). Returns (B, T) bool: True where the prediction made *at* t (of token t + 1)
+    is trained on; the last position predicts past the row and is False.
+    """
+    shifted = torch.zeros_like(loss_mask, dtype=torch.bool)
+    shifted[:, :-1] = loss_mask[:, 1:].bool()
+    return shifted
+
+
+@torch.no_grad()
+def target_forward(
+    target: PreTrainedModel, input_ids: torch.Tensor, layers: tuple[int, ...]
+) -> tuple[torch.Tensor | None, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """One frozen forward of the target.
+
+    input_ids (B, T). Returns features (B, T, len(layers) * H) (None without layers), logits
+    (B, T, V), and all hidden states (N + 1 tensors (B, T, H); empty without layers).
+    """
+    out = target(input_ids=input_ids, output_hidden_states=bool(layers), use_cache=False)
+    hidden = tuple(out.hidden_states) if layers else ()
+    features = torch.cat([hidden[i] for i in layers], dim=-1) if layers else None
+    return features, out.logits, hidden
+
+
+@torch.no_grad()
+def target_batch(
+    target: PreTrainedModel,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    layers: tuple[int, ...],
+) -> TargetBatch:
+    """The `TargetBatch` of rows input_ids (B, T) with data mask loss_mask (B, T) (the data
+    pipeline's convention, see `next_token_mask`): one frozen forward of the target."""
+    features, logits, _ = target_forward(target, input_ids, layers)
+    return TargetBatch(
+        input_ids=input_ids,
+        loss_mask=next_token_mask(loss_mask).to(input_ids.device),
+        features=features,
+        target_logits=logits,
+    )
+
+
 class DraftHead(nn.Module, ABC):
     """A trainable drafter built from the target's config; exported as a draftsmith artifact."""
 
@@ -47,6 +92,11 @@ class DraftHead(nn.Module, ABC):
     """Indices into the target's `hidden_states` output (0 = embeddings, N = last layer)."""
     num_steps: int = 1
     """K: how many future tokens `forward_train` predicts per position."""
+    first_drafted_step: int = 0
+    """The step of `forward_train` that makes the drafter's first token: a draft after position
+    n reads row n - s and steps s .. K-1 (s = this). 0 for heads whose row t reads the feature
+    of t - 1; Medusa's row t reads the feature of t itself, so its step 0 re-predicts the token
+    the target's verification already gives, and drafting starts at step 1."""
 
     @classmethod
     @abstractmethod

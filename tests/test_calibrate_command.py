@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
+import pytest
 from conftest import tiny_model
 from test_heads import build_head, fit
 
@@ -11,11 +13,14 @@ from draftsmith.artifact import save_artifact
 from draftsmith.cli import main
 
 
-def test_calibrate_writes_into_the_artifact(tmp_path, byte_tokenizer, capsys):
+@pytest.mark.parametrize("collect", ["teacher-forced", "decode"])
+def test_calibrate_writes_into_the_artifact(tmp_path, byte_tokenizer, capsys, collect):
     target = tiny_model("llama", seed=0)
     target_dir = tmp_path / "target"
     target.save_pretrained(target_dir)
-    byte_tokenizer.save_pretrained(target_dir)
+    tokenizer = copy.deepcopy(byte_tokenizer)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(0)  # rows of text end documents with it
+    tokenizer.save_pretrained(target_dir)
     artifact = tmp_path / "drafter"
     head = fit(build_head("medusa", target), target, steps=5)
     save_artifact(head, target, artifact, training={"steps": 5}, target_name_or_path="tiny")
@@ -27,9 +32,10 @@ def test_calibrate_writes_into_the_artifact(tmp_path, byte_tokenizer, capsys):
         ["calibrate", str(artifact), "--target", str(target_dir), "--data", str(data)]
         + ["--method", "histogram", "--dtype", "float32", "--max-prompts", "12"]
         + ["--prompt-tokens", "16", "--max-new-tokens", "12"]
+        + ["--collect", collect, "--seq-len", "64"]
     )
     saved = json.loads((artifact / "calibration.json").read_text())
     assert saved["method"] == "histogram" and saved["n_eval"] > 0
     assert (artifact / "calibration" / "report.md").is_file()
     printed = capsys.readouterr().out
-    assert "ece_equal_mass" in printed and "calibration.json" in printed
+    assert "ece_equal_mass" in printed and "calibration.json" in printed and collect in printed

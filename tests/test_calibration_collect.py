@@ -1,12 +1,13 @@
-"""Collecting (signals, outcome) rows from real decoding runs."""
+"""Collecting (signals, outcome) rows from real decoding runs and teacher-forced passes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import perturbed_copy
+from conftest import greedy_reference, perturbed_copy
+from test_heads import build_head, fit
 
-from draftsmith.calibration.collect import collect_from_decoding
+from draftsmith.calibration.collect import collect_from_decoding, collect_teacher_forced
 from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
 
@@ -46,3 +47,52 @@ def test_drafter_without_confidence_is_a_clear_error(llama):
     decoder = SpeculativeDecoder(llama, NgramDrafter())
     with pytest.raises(ValueError, match="no drafted token was recorded"):
         collect_from_decoding(decoder, PROMPTS, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("name", ["eagle3-reduced", "medusa"])
+def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, name):
+    """On the target's own greedy text a teacher-forced pass sees every context decoding sees,
+    so each record of a real decoding run is among its records (same draft position, same
+    confidence, same outcome); it also scores chains starting at every other position."""
+    torch.manual_seed(0)
+    head = fit(build_head(name, llama), llama, steps=30)
+    prompt, new = [5, 6, 7], 24
+    text = prompt + greedy_reference(llama, torch.tensor(prompt), new)
+    decoder = SpeculativeDecoder(
+        llama, head.as_drafter(llama), policy=DraftLengthPolicy(max_tokens=head.num_steps)
+    )
+    decoded = collect_from_decoding(decoder, [prompt], max_new_tokens=new)
+    loss_mask = torch.tensor([[0] * len(prompt) + [1] * new])
+    forced = collect_teacher_forced(head, llama, torch.tensor([text]), loss_mask)
+
+    assert 0 < sum(decoded["accepted"]) < len(decoded)  # some accepted, some rejected
+    assert len(forced) > len(decoded)
+    keys = ("position", "top1_prob", "entropy", "accepted")
+    pool = [tuple(forced[k][i] for k in keys) for i in range(len(forced))]
+    for i in range(len(decoded)):
+        record = tuple(decoded[k][i] for k in keys)
+        match = next(
+            (
+                other
+                for other in pool
+                if other[0] == record[0]
+                and other[3] == record[3]
+                and abs(other[1] - record[1]) < 1e-4
+                and abs(other[2] - record[2]) < 1e-3
+            ),
+            None,
+        )
+        assert match is not None, f"decoding record {record} has no teacher-forced twin"
+        pool.remove(match)
+
+
+def test_teacher_forced_cuts_chains_where_the_text_leaves_the_greedy_path(llama):
+    head = fit(build_head("eagle3", llama), llama, steps=10)
+    ids = torch.randint(3, 200, (2, 40), generator=torch.Generator().manual_seed(1))
+    rows = collect_teacher_forced(head, llama, ids, torch.ones_like(ids), temperature=0.7)
+    positions = torch.tensor(rows["position"])
+    # Random text almost never follows the target's argmax: chains stop at step 0 or 1.
+    assert (positions == 0).sum() == 2 * (40 - 1)
+    assert (positions > 0).sum() < (positions == 0).sum() // 4
+    assert all(0.0 <= p <= 1.0 for p in rows["accept_prob"])
+    assert set(rows["source"]) == {0, 1}

@@ -31,13 +31,20 @@ from draftsmith.train.data import (
     build_dataset,
     document_split,
     encode_chat,
+    encode_completion,
     load_documents,
     pack,
     prepare_data,
     run_prepare_data,
     stdlib_split,
 )
-from draftsmith.train.regenerate import RegenerateConfig, completed_ids, regenerate
+from draftsmith.train.regenerate import (
+    RegenerateConfig,
+    completed_ids,
+    continue_texts,
+    regenerate,
+    text_prompts,
+)
 
 CHATML = (
     "{% for message in messages %}"
@@ -339,6 +346,7 @@ def test_chitchat_conversations_become_alternating_chat_records(tmp_path):
         {
             "id": "conv-a",
             "text": None,
+            "prompt": None,
             "messages": [
                 {"role": "user", "content": "Hello\nHow are you?"},
                 {"role": "assistant", "content": "fine\nand you?"},
@@ -438,6 +446,82 @@ def test_regenerate_resumes_without_duplicates(tmp_path, tok):
     # Stopping and resuming gives what one uninterrupted run gives (greedy, same batches).
     regenerate(records, model, tok, straight, config)
     assert straight.read_text() == resumed.read_text()
+
+
+def test_derived_records_stay_in_their_documents_split():
+    keys = [f"module_{i}.py" for i in range(200)]
+    assert {document_split(f"{k}#3") for k in keys} == {"train", "heldout"}
+    for key in keys:
+        assert document_split(f"{key}#0") == document_split(f"{key}#17") == document_split(key)
+
+
+CODE = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12))
+
+
+def test_text_prompts_are_disjoint_line_windows_fixed_by_the_document(tok):
+    document = {"id": "m.py", "text": CODE, "messages": None}
+    config = RegenerateConfig(prompt_tokens=12, prompts_per_document=3)
+    prompts = list(text_prompts(document, tok, config))
+    assert [key for key, _ in prompts] == ["m.py#0", "m.py#1", "m.py#2"]
+    lines = CODE.splitlines(keepends=True)
+    spans = []
+    for _, prompt in prompts:
+        assert prompt.strip() and prompt[0] != "\n"
+        assert len(tok(prompt, add_special_tokens=False)["input_ids"]) >= 12
+        start = next(i for i in range(len(lines)) if "".join(lines[i:]).startswith(prompt))
+        spans.append((start, start + len(prompt.splitlines())))
+        assert spans[-1][1] < len(lines)  # something is left to continue
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert list(text_prompts(document, tok, config)) == prompts
+    other = list(text_prompts(document, tok, replace(config, seed=1)))
+    assert other != prompts
+    assert list(text_prompts({"id": "s", "text": "x = 1\n"}, tok, config)) == []
+    with pytest.raises(ValueError, match="regenerate"):
+        list(text_prompts({"id": "c", "text": None, "messages": CONVERSATION}, tok, config))
+
+
+def test_completion_mask_is_exactly_the_completion(tok):
+    ids, mask = encode_completion("def add(a, b):\n", "    return a + b\n", tok)
+    runs = masked_runs(ids, mask)
+    assert len(runs) == 1 and tok.decode(runs[0]) == "    return a + b\n"
+    assert ids[-1] == tok.eos_token_id and mask[-1] == 0
+    assert tok.decode(ids[: mask.index(1)]) == "def add(a, b):\n"
+    _, every = encode_completion(
+        "def add(a, b):\n", "    return a + b\n", tok, assistant_only_loss=False
+    )
+    assert set(every) == {1}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_continue_texts_writes_records_the_pipeline_trains_on(tmp_path, tok):
+    model = tiny_model("qwen2", seed=5, vocab_size=len(tok))
+    documents = [{"id": f"m{i}.py", "text": CODE, "messages": None} for i in range(3)]
+    config = RegenerateConfig(
+        max_new_tokens=5, batch_size=2, prompt_tokens=12, prompts_per_document=2
+    )
+    out = tmp_path / "continued.jsonl"
+    assert continue_texts(documents, model, tok, out, replace(config, max_records=3)) == 3
+    assert continue_texts(documents, model, tok, out, config) == 3
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == [f"m{i}.py#{n}" for i in range(3) for n in range(2)]
+    for record in records:
+        ids = tok(record["prompt"], return_tensors="pt")["input_ids"]
+        expected = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=5,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        assert record["completion"] == tok.decode(
+            expected[0, ids.shape[1] :], skip_special_tokens=True
+        )
+
+    rows = build_dataset(DataConfig(source=str(out), seq_len=16, heldout_fraction=0.0), tok)
+    ids = [t for row in rows["input_ids"] for t in row]
+    mask = [m for row in rows["loss_mask"] for m in row]
+    completions = [tok.decode(run) for run in masked_runs(ids, mask)]
+    assert sorted(completions) == sorted(r["completion"] for r in records)  # shuffled documents
 
 
 # --------------------------------------------------------------------------------------------

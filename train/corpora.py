@@ -4,6 +4,8 @@ A document is one row of `DOCUMENT_FEATURES`:
 
     id        str    stable key of the document; the train / held-out split hashes it
     text      str    plain text or code (None for chat records)
+    prompt    str    context before `text` that is not trained on (a prompt-completion record,
+                     whose completion is `text`); None otherwise
     messages  list   chat turns [{"role", "content"}, ...] (None for text records)
 
 Sources (see `load_source`):
@@ -60,6 +62,7 @@ DOCUMENT_FEATURES = Features(
     {
         "id": Value("string"),
         "text": Value("string"),
+        "prompt": Value("string"),
         "messages": List({"role": Value("string"), "content": Value("string")}),
     }
 )
@@ -163,12 +166,13 @@ def read_python_source(path: Path) -> str:
 
 def _stdlib_dataset(include_tests: bool) -> Dataset:
     root = stdlib_root()
-    rows: dict[str, list[Any]] = {"id": [], "text": [], "messages": []}
+    rows: dict[str, list[Any]] = {"id": [], "text": [], "prompt": [], "messages": []}
     for relpath in stdlib_files(include_tests):
         text = read_python_source(root / relpath)
         if text.strip():  # dozens of empty __init__.py files carry nothing to learn
             rows["id"].append(relpath)
             rows["text"].append(text)
+            rows["prompt"].append(None)
             rows["messages"].append(None)
     return Dataset.from_dict(rows, features=DOCUMENT_FEATURES)
 
@@ -273,7 +277,7 @@ def chitchat_records(path: str | Path | None = None) -> Iterator[dict[str, Any]]
             {"role": "user" if i % 2 == 0 else "assistant", "content": text}
             for i, text in enumerate(turns)
         ]
-        yield {"id": conversation_id, "text": None, "messages": messages}
+        yield {"id": conversation_id, "text": None, "prompt": None, "messages": messages}
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,7 +300,8 @@ def _load_local(path: Path, text_sample_by: str) -> Dataset:
     if not files:
         raise SourceError(
             f"data source {path} holds no documents (no non-empty file): write .jsonl records "
-            f"with a 'text' or 'messages' field, or .parquet / text files, there."
+            f"with a 'text', 'prompt' + 'completion' or 'messages' field, or .parquet / text "
+            f"files, there."
         )
     builders = {_TABLE_SUFFIXES.get(p.suffix.lower(), "text") for p in files}
     if len(builders) > 1:
@@ -330,11 +335,11 @@ def _normalize(dataset: Dataset, source: str) -> Dataset:
     """Map a loaded table onto `DOCUMENT_FEATURES` (``text`` or ``messages`` / ``conversations``
     columns; an ``id`` column if present, else the sha1 of the content), dropping empty rows."""
     columns = set(dataset.column_names)
-    if not columns & {"text", "messages", "conversations"}:
+    if not columns & {"text", "completion", "messages", "conversations"}:
         raise SourceError(
             f"data source {source!r} has columns {sorted(columns)}; a record needs a 'text' "
-            f"column (plain text or code) or a 'messages' column (chat: a list of "
-            f"{{'role', 'content'}})."
+            f"column (plain text or code), 'prompt' and 'completion' columns, or a 'messages' "
+            f"column (chat: a list of {{'role', 'content'}})."
         )
     return dataset.map(
         _normalize_batch,
@@ -347,14 +352,19 @@ def _normalize(dataset: Dataset, source: str) -> Dataset:
 
 def _normalize_batch(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
     size = len(next(iter(batch.values())))
-    texts = batch.get("text", [None] * size)
+    texts = batch.get("text") or batch.get("completion") or [None] * size
+    prompts = batch.get("prompt") if "completion" in batch else None
+    prompts = prompts or [None] * size
     chats = batch.get("messages") or batch.get("conversations") or [None] * size
     messages = [None if chat is None else [_turn(t) for t in chat] for chat in chats]
-    rows: dict[str, list[Any]] = {"id": [], "text": [], "messages": []}
-    for key, text, chat in zip(batch.get("id") or [None] * size, texts, messages, strict=True):
+    rows: dict[str, list[Any]] = {"id": [], "text": [], "prompt": [], "messages": []}
+    keys = batch.get("id") or [None] * size
+    for key, text, prompt, chat in zip(keys, texts, prompts, messages, strict=True):
         if chat or (text and text.strip()):  # blank lines and empty records teach nothing
-            rows["id"].append(str(key) if key is not None else _content_key(text, chat))
+            content = text if prompt is None else prompt + text
+            rows["id"].append(str(key) if key is not None else _content_key(content, chat))
             rows["text"].append(None if chat else text)
+            rows["prompt"].append(None if chat else prompt)
             rows["messages"].append(chat or None)
     return rows
 

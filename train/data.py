@@ -14,6 +14,12 @@ is held out at 0.1 stays held out at 0.2); the seed only shuffles the order of d
 end with EOS, and are concatenated into one stream cut into rows of `seq_len` tokens; a document
 may continue into the next row. Every token is a target (``loss_mask == 1``).
 
+**Prompt-completion records** (``prompt`` and ``completion`` fields, as `continue_texts` writes
+them) are the prompt's tokens (the tokenizer's BOS first, where it adds one) then the
+completion's, then EOS. With ``assistant_only_loss`` only the completion is a target: the prompt
+is context, and so is the EOS, which the target did not write (the completion was cut at a
+length).
+
 **Chat records** are rendered with the target tokenizer's own chat template. With
 ``assistant_only_loss`` the mask covers each assistant turn's text plus the template's
 end-of-turn token right after it (``<|im_end|>`` for ChatML): predicting the end of a turn is
@@ -60,6 +66,7 @@ __all__ = [
     "build_dataset",
     "document_split",
     "encode_chat",
+    "encode_completion",
     "encode_text",
     "load_documents",
     "pack",
@@ -102,7 +109,8 @@ class DataConfig:
     seed: int = 0
     """Shuffles the order of documents (never the split)."""
     assistant_only_loss: bool = True
-    """Chat records: train on assistant turns only; False: on every token."""
+    """Chat records: train on assistant turns only; prompt-completion records: on completions
+    only. False: on every token."""
     include_tests: bool = False
     """stdlib only: keep test modules (``test/``, ``tests/``, ``test_*.py``)."""
     text_sample_by: Literal["document", "paragraph", "line"] = "document"
@@ -138,7 +146,12 @@ class DataConfig:
 
 
 def document_split(key: str, heldout_fraction: float = HELDOUT_FRACTION) -> Split:
-    """``heldout`` iff ``int(sha1(key), 16) % 10_000 < heldout_fraction * 10_000``."""
+    """``heldout`` iff ``int(sha1(key), 16) % 10_000 < heldout_fraction * 10_000``.
+
+    A derived record keyed ``<document id>#<n>`` (a regenerated record, `continue_texts`) is
+    split with its document: only the part before the last ``#`` is hashed.
+    """
+    key = key.rpartition("#")[0] or key
     bucket = int(hashlib.sha1(key.encode("utf-8")).hexdigest(), 16) % _BUCKETS
     return "heldout" if bucket < round(heldout_fraction * _BUCKETS) else "train"
 
@@ -199,6 +212,23 @@ def encode_text(texts: Sequence[str], tokenizer: Any) -> list[list[int]]:
         )
     encoded = tokenizer(list(texts), verbose=False)["input_ids"]
     return [ids if ids and ids[-1] == eos else [*ids, eos] for ids in encoded]
+
+
+def encode_completion(
+    prompt: str, completion: str, tokenizer: Any, *, assistant_only_loss: bool = True
+) -> tuple[list[int], list[int]]:
+    """One prompt-completion record: ids (T,) and loss mask (T,), 1 on the completion's tokens
+    (on every token without `assistant_only_loss`).
+
+    The two parts are tokenized apart, as the target saw them: the prompt as its input, the
+    completion as the tokens it generated after it.
+    """
+    prompt_ids = tokenizer(prompt, verbose=False)["input_ids"]
+    completion_ids = tokenizer(completion, add_special_tokens=False, verbose=False)["input_ids"]
+    ids = [*prompt_ids, *completion_ids, tokenizer.eos_token_id]
+    if not assistant_only_loss:
+        return ids, [1] * len(ids)
+    return ids, [0] * len(prompt_ids) + [1] * len(completion_ids) + [0]
 
 
 def encode_chat(
@@ -291,10 +321,20 @@ def _encode_documents(
     stops pulling once it has max_tokens)."""
     for start in range(0, len(documents), _ENCODE_BATCH):
         batch = documents[start : start + _ENCODE_BATCH]
-        texts = [t for t, m in zip(batch["text"], batch["messages"], strict=True) if m is None]
+        texts = [
+            t
+            for t, p, m in zip(batch["text"], batch["prompt"], batch["messages"], strict=True)
+            if m is None and p is None
+        ]
         encoded_texts = iter(encode_text(texts, tokenizer) if texts else [])
-        for messages in batch["messages"]:
-            if messages is None:
+        for text, prompt, messages in zip(
+            batch["text"], batch["prompt"], batch["messages"], strict=True
+        ):
+            if prompt is not None:
+                ids, mask = encode_completion(
+                    prompt, text, tokenizer, assistant_only_loss=assistant_only_loss
+                )
+            elif messages is None:
                 ids = next(encoded_texts)
                 mask = [1] * len(ids)
             else:

@@ -44,7 +44,12 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from draftsmith.heads.trainable import TargetBatch
+from draftsmith.heads.trainable import (
+    TargetBatch,
+    next_token_mask,
+    target_batch,
+    target_forward,
+)
 
 __all__ = [
     "CACHE_FORMAT",
@@ -74,33 +79,6 @@ class FeatureSource(Protocol):
         ...
 
 
-def next_token_mask(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Data mask -> `TargetBatch.loss_mask`.
-
-    loss_mask (B, T): 1 where the token at t is a training target (the data pipeline's
-    convention). Returns (B, T) bool: True where the prediction made *at* t (of token t + 1)
-    is trained on; the last position predicts past the row and is False.
-    """
-    shifted = torch.zeros_like(loss_mask, dtype=torch.bool)
-    shifted[:, :-1] = loss_mask[:, 1:].bool()
-    return shifted
-
-
-@torch.no_grad()
-def target_forward(
-    target: PreTrainedModel, input_ids: torch.Tensor, layers: tuple[int, ...]
-) -> tuple[torch.Tensor | None, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """One frozen forward of the target.
-
-    input_ids (B, T). Returns features (B, T, len(layers) * H) (None without layers), logits
-    (B, T, V), and all hidden states (N + 1 tensors (B, T, H); empty without layers).
-    """
-    out = target(input_ids=input_ids, output_hidden_states=bool(layers), use_cache=False)
-    hidden = tuple(out.hidden_states) if layers else ()
-    features = torch.cat([hidden[i] for i in layers], dim=-1) if layers else None
-    return features, out.logits, hidden
-
-
 class OnlineFeatures:
     """Runs the target on each batch (the target is in the training loop)."""
 
@@ -122,13 +100,7 @@ class OnlineFeatures:
 
     def batch(self, indices: torch.Tensor, device: torch.device | str) -> TargetBatch:
         input_ids = self.input_ids[indices].long().to(device)
-        features, logits, _ = target_forward(self.target, input_ids, self.layers)
-        return TargetBatch(
-            input_ids=input_ids,
-            loss_mask=next_token_mask(self.loss_mask[indices]).to(device),
-            features=features,
-            target_logits=logits,
-        )
+        return target_batch(self.target, input_ids, self.loss_mask[indices], self.layers)
 
 
 def cache_layers(layers: tuple[int, ...], num_hidden_layers: int) -> tuple[int, ...]:

@@ -186,6 +186,7 @@ def draft_objective(
     loss_mask: torch.Tensor,
     config: ObjectiveConfig,
     draft_to_target: torch.Tensor | None = None,
+    first_drafted_step: int = 0,
 ) -> ObjectiveOutput:
     """Score K step logits against the target (see the module doc for the alignment).
 
@@ -193,6 +194,8 @@ def draft_objective(
     the next-token prediction at t is trained on (`TargetBatch.loss_mask`); draft_to_target
     (V_d,) int64 or None when V_d == V. Step k at position t counts iff t + 1 + k < T and
     loss_mask[t + k] (and, under ce_argmax with a reduced vocabulary, the label is drafted).
+    Every step is trained; the agreement counts the drafted steps `first_drafted_step` .. K-1
+    (`DraftHead.first_drafted_step`), so its draft positions are the decoder's.
     """
     num_steps = len(step_logits)
     if num_steps == 0:
@@ -240,7 +243,7 @@ def draft_objective(
     return ObjectiveOutput(
         loss=(weights * step_losses).sum(),
         step_losses=step_losses.detach(),
-        agreement=_count(agree, counted),
+        agreement=_count(agree[first_drafted_step:], counted[first_drafted_step:]),
     )
 
 

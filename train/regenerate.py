@@ -1,23 +1,34 @@
-"""Rewrite the assistant turns of chat records with the target itself.
+"""Data in the target's own words: regenerated chat answers and continued text.
 
-A drafter learns to predict what the target says, so the best chat data has the target's own
-answers (EAGLE, Medusa and SpecForge regenerate ShareGPT this way). Each record's assistant turns
-are generated in order, each from the conversation so far (its user turns and the target's
-earlier answers), batched across records with left padding.
+A drafter learns to predict what the target says, so the best data is the target's own output
+(EAGLE, Medusa and SpecForge regenerate ShareGPT this way). Two kinds of record:
 
-Output is a jsonl of ``{"id", "messages"}`` records that `draftsmith.train.data` reads as a local
-source. It is resumable: records whose id is already in the file are skipped, each batch is
-flushed as it finishes, and a line torn by a kill is cut off before appending.
+- `regenerate`: chat records with every assistant turn rewritten, in order, each from the
+  conversation so far (its user turns and the target's earlier answers).
+- `continue_texts`: for plain text and code, windows of each document cut at line boundaries
+  become prompts the target continues. The record ``{"id", "prompt", "completion"}`` trains on
+  the completion (`draftsmith.train.data`), which is exactly the context the decoder drafts in:
+  under greedy decoding every token the drafter sees after the prompt is the target's argmax.
+
+Generation is batched across records with left padding. Output is a jsonl that
+`draftsmith.train.data` reads as a local source, resumable: records whose id is already in the
+file are skipped, each batch is flushed as it finishes, and a line torn by a kill is cut off
+before appending. Derived records are named ``<document id>#<n>``, which keeps them in their
+document's train / held-out split (`draftsmith.train.data.document_split`).
 
     documents = load_documents(DataConfig(source="chitchat"))
     regenerate(documents, model, tokenizer, "runs/chitchat-qwen.jsonl",
                RegenerateConfig(max_new_tokens=256, batch_size=16))
+    documents = load_documents(DataConfig(source="stdlib"))
+    continue_texts(documents, model, tokenizer, "runs/stdlib-smollm2.jsonl",
+                   RegenerateConfig(max_new_tokens=128, prompt_tokens=64, max_records=512))
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import random
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +36,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["RegenerateConfig", "completed_ids", "regenerate"]
+__all__ = ["RegenerateConfig", "completed_ids", "continue_texts", "regenerate", "text_prompts"]
 
 
 @dataclass(kw_only=True)
@@ -46,6 +57,10 @@ class RegenerateConfig:
     """Seeds torch's generator before sampling."""
     max_records: int | None = None
     """Write at most this many new records in this call, then return; None: all."""
+    prompt_tokens: int = 64
+    """`continue_texts`: prompt length, in whole lines of at least this many tokens."""
+    prompts_per_document: int = 4
+    """`continue_texts`: windows cut from each document (fewer from short ones)."""
 
 
 def completed_ids(path: str | Path) -> set[str]:
@@ -85,12 +100,104 @@ def regenerate(
         The number of records written by this call.
     """
     config = config or RegenerateConfig()
+    records = list(records)
+    for record in records:
+        if not record.get("messages"):
+            raise ValueError(f"record {record['id']!r} is not a chat record (no 'messages')")
+
+    def answered(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        conversations = _answer(batch, model, tokenizer, config)
+        return [{"id": r["id"], "messages": m} for r, m in zip(batch, conversations, strict=True)]
+
+    return _append_batches(records, answered, out_path, config)
+
+
+def continue_texts(
+    documents: Iterable[dict[str, Any]],
+    model: Any,
+    tokenizer: Any,
+    out_path: str | Path,
+    config: RegenerateConfig | None = None,
+) -> int:
+    """Append ``{"id", "prompt", "completion"}`` records to `out_path`: prompts cut from each
+    text document (`text_prompts`) and the target's continuation of each, skipping ids already
+    there.
+
+    Args:
+        documents: text documents ``{"id", "text"}`` (e.g. `load_documents` of ``stdlib``).
+        model, tokenizer: the target and its tokenizer.
+        out_path: jsonl to append to.
+        config: generation settings (`max_new_tokens` is the completion's length).
+
+    Returns:
+        The number of records written by this call.
+    """
+    config = config or RegenerateConfig()
+    prompts = [
+        {"id": key, "prompt": prompt}
+        for document in documents
+        for key, prompt in text_prompts(document, tokenizer, config)
+    ]
+
+    def continued(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        texts = [r["prompt"] for r in batch]
+        completions = _generate(texts, model, tokenizer, config, add_special_tokens=True)
+        return [{**r, "completion": c} for r, c in zip(batch, completions, strict=True)]
+
+    return _append_batches(prompts, continued, out_path, config)
+
+
+def text_prompts(
+    document: dict[str, Any], tokenizer: Any, config: RegenerateConfig
+) -> Iterator[tuple[str, str]]:
+    """Up to ``config.prompts_per_document`` (id, prompt) pairs of one text document.
+
+    A prompt is a run of whole lines, starting at a non-blank line and at least
+    ``config.prompt_tokens`` tokens long, with at least one line after it (the target continues
+    mid-document, as a code-completion request does); windows do not overlap and their starts are drawn with a generator seeded by the document id (and
+    ``config.seed``), so the same document always gives the same prompts.
+    """
+    if document.get("messages"):
+        raise ValueError(f"document {document['id']!r} is chat: use regenerate() for chat records")
+    lines = (document.get("text") or "").splitlines(keepends=True)
+    counts = (
+        [len(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]]
+        if lines
+        else []
+    )
+    windows = []  # (first line, stop line) of each candidate window
+    start = 0
+    while start < len(lines):
+        stop, tokens = start, 0
+        while stop < len(lines) and tokens < config.prompt_tokens:
+            tokens, stop = tokens + counts[stop], stop + 1
+        if tokens < config.prompt_tokens or stop >= len(lines):
+            break
+        if lines[start].strip():
+            windows.append((start, stop))
+        start += 1
+    rng = random.Random(f"{config.seed}:{document['id']}")
+    chosen: list[tuple[int, int]] = []
+    for start, stop in rng.sample(windows, len(windows)):
+        if len(chosen) == config.prompts_per_document:
+            break
+        if all(stop <= a or start >= b for a, b in chosen):
+            chosen.append((start, stop))
+    for n, (start, stop) in enumerate(sorted(chosen)):
+        yield f"{document['id']}#{n}", "".join(lines[start:stop])
+
+
+def _append_batches(
+    records: list[dict[str, Any]],
+    produce: Any,
+    out_path: str | Path,
+    config: RegenerateConfig,
+) -> int:
+    """Write ``produce(batch)`` for each batch of the records whose id is not yet in
+    `out_path`, a batch at a time; returns how many were written."""
     out_path = Path(out_path)
     done = completed_ids(out_path)
     todo = [r for r in records if r["id"] not in done]
-    for record in todo:
-        if not record.get("messages"):
-            raise ValueError(f"record {record['id']!r} is not a chat record (no 'messages')")
     if config.max_records is not None:
         todo = todo[: config.max_records]
     if config.do_sample:
@@ -99,10 +206,8 @@ def regenerate(
     with out_path.open("a", encoding="utf-8") as out, tqdm(total=len(todo), unit="record") as bar:
         for start in range(0, len(todo), config.batch_size):
             batch = todo[start : start + config.batch_size]
-            for record, messages in zip(
-                batch, _answer(batch, model, tokenizer, config), strict=True
-            ):
-                out.write(json.dumps({"id": record["id"], "messages": messages}) + "\n")
+            for record in produce(batch):
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()  # a kill loses at most the batch in flight
             bar.update(len(batch))
     return len(todo)
@@ -130,9 +235,15 @@ def _answer(
 
 @torch.no_grad()
 def _generate(
-    prompts: list[str], model: Any, tokenizer: Any, config: RegenerateConfig
+    prompts: list[str],
+    model: Any,
+    tokenizer: Any,
+    config: RegenerateConfig,
+    *,
+    add_special_tokens: bool = False,
 ) -> list[str]:
-    """One batched `generate` over rendered prompts (left-padded); the answers' text."""
+    """One batched `generate` over prompts (left-padded); the answers' text. Rendered chat
+    prompts carry their special tokens already; plain text gets the tokenizer's (a BOS)."""
     eos = {tokenizer.eos_token_id}
     model_eos = model.generation_config.eos_token_id
     eos |= set(model_eos) if isinstance(model_eos, list) else {model_eos}
@@ -140,7 +251,9 @@ def _generate(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
-        inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        inputs = tokenizer(
+            prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens
+        )
     finally:
         tokenizer.padding_side = side
     sampling = (

@@ -197,6 +197,7 @@ class HeadObjective(nn.Module):
             batch.loss_mask,
             self.objective,
             self.head.draft_to_target(),
+            self.head.first_drafted_step,
         )
         auxiliary = self.head.auxiliary_loss()  # a kind's own extra term (EAGLE's regression)
         if auxiliary is not None:
