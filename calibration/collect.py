@@ -27,7 +27,7 @@ Two ways to get them:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -111,10 +111,10 @@ class DraftRecorder:
         signals = confidence_signals(step_logits, temperature=self.temperature)
         sampling = SamplingParams(temperature=self.temperature)
         q = probabilities(step_logits.float(), sampling)  # (T, K, V_d)
-        p = probabilities(target_logits, sampling)[label]  # (T, K, V)
-        if draft_to_target is not None:
+        p = probabilities(target_logits, sampling)  # (T, V)
+        if draft_to_target is not None:  # q is 0 outside the draft vocabulary
             p = p.index_select(-1, draft_to_target.to(p.device))
-        accept_prob = torch.minimum(p, q).sum(-1).clamp(max=1.0)
+        accept_prob = torch.minimum(p[label], q).sum(-1).clamp(max=1.0)
         for name in SIGNAL_NAMES:
             self.rows[name].extend(signals[name][keep].tolist())
         self.rows["accepted"].extend(accepted[keep].float().tolist())
@@ -165,31 +165,44 @@ def collect_from_decoding(
 def collect_teacher_forced(
     head: DraftHead,
     target: PreTrainedModel,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
+    documents: Sequence[tuple[torch.Tensor, torch.Tensor]],
     *,
     temperature: float = 1.0,
-    batch_size: int = 2,
+    batch_size: int = 4,
 ) -> Dataset:
-    """Record every qualifying drafted token of the head's chains over held-out rows (see the
-    module docstring).
+    """Record every qualifying drafted token of the head's chains over held-out documents (see
+    the module docstring).
 
-    input_ids, loss_mask (N, T): packed rows in the data pipeline's convention (loss_mask[t] = 1:
-    token t counts); a chain step is recorded only where the token it drafts counts. Each row
-    is one `source` (calibration splits fit / eval by source).
+    documents: (input_ids (T,), loss_mask (T,)) pairs of any lengths, in the data pipeline's
+    convention (loss_mask[t] = 1: token t counts); a chain step is recorded only where the token
+    it drafts counts. Each document is one `source` (calibration splits fit / eval by source).
+    Documents are batched with right padding, which a causal target and head never attend to.
     """
     recorder = DraftRecorder(temperature=temperature)
     layers = tuple(head.target_feature_layers)
-    device = target.device
+    shift = head.first_drafted_step
     head = head.eval()
-    for first in tqdm(range(0, input_ids.shape[0], batch_size), desc="collect (teacher-forced)"):
-        ids = input_ids[first : first + batch_size].long().to(device)
-        batch = target_batch(target, ids, loss_mask[first : first + batch_size], layers)
+    for first in tqdm(range(0, len(documents), batch_size), desc="collect (teacher-forced)"):
+        group = documents[first : first + batch_size]
+        ids, loss_mask = _right_padded(group)
+        batch = target_batch(target, ids.to(target.device), loss_mask, layers)
         steps = torch.stack(head.forward_train(batch), dim=2)  # (B, T, K, V_d)
         # The draft after position t comes from row t - s, steps s .. K-1.
-        shift = head.first_drafted_step
         steps = steps[:, :, shift:].roll(shift, dims=1)  # rows t < s wrap around: never kept
-        for row in range(ids.shape[0]):
+        for row in range(len(group)):
             recorder.source = first + row
             recorder.add_chains(steps[row], batch, row, head.draft_to_target(), first=shift)
     return recorder.dataset()
+
+
+def _right_padded(
+    documents: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids, loss_mask (B, T_max), padded on the right with token 0 under mask 0."""
+    length = max(ids.numel() for ids, _ in documents)
+    ids = torch.zeros(len(documents), length, dtype=torch.long)
+    mask = torch.zeros(len(documents), length, dtype=torch.int8)
+    for row, (doc_ids, doc_mask) in enumerate(documents):
+        ids[row, : doc_ids.numel()] = doc_ids
+        mask[row, : doc_mask.numel()] = doc_mask
+    return ids, mask

@@ -44,9 +44,9 @@ class CalibrateConfig:
     for greedy decoding where the text is the target's own greedy output; see
     `draftsmith.calibration.collect`); decode: record real decoding runs of held-out prompts."""
     seq_len: int = 512
-    """teacher-forced: tokens per held-out row."""
-    max_tokens: int = 131_072
-    """teacher-forced: held-out tokens scored (rows of seq_len)."""
+    """teacher-forced: longest held-out document scored (longer ones are cut)."""
+    max_tokens: int = 262_144
+    """teacher-forced: held-out tokens scored, in whole documents."""
     prompt_tokens: int = 64
     """decode: tokens of held-out text given as each prompt."""
     max_new_tokens: int = 64

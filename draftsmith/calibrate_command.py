@@ -39,7 +39,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         help="teacher-forced: score the head's draft chains over held-out rows in one pass; "
         "decode: record real decoding runs",
     )
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="teacher-forced")
+    parser.add_argument(
+        "--seq-len", type=int, default=defaults.seq_len, help="teacher-forced: longest document"
+    )
     parser.add_argument(
         "--max-tokens", type=int, default=defaults.max_tokens, help="teacher-forced"
     )
@@ -92,8 +94,8 @@ def _collect(args: argparse.Namespace, head, target, tokenizer, config: Calibrat
     sampling = config.temperature > 0
     temperature = config.temperature if sampling else 1.0
     if config.collect == "teacher-forced":
-        input_ids, loss_mask = _held_out_rows(args.data, tokenizer, config)
-        return collect_teacher_forced(head, target, input_ids, loss_mask, temperature=temperature)
+        documents = _held_out_documents(args.data, tokenizer, config)
+        return collect_teacher_forced(head, target, documents, temperature=temperature)
     decoder = SpeculativeDecoder(
         target,
         head.as_drafter(target),
@@ -110,27 +112,35 @@ def _collect(args: argparse.Namespace, head, target, tokenizer, config: Calibrat
     )
 
 
-def _held_out_rows(data: str, tokenizer, config: CalibrateConfig):
-    """input_ids, loss_mask (N, seq_len) of held-out rows: a jsonl file whole, or the held-out
-    split of a data source."""
-    import numpy as np
+def _held_out_documents(data: str, tokenizer, config: CalibrateConfig) -> list:
+    """(input_ids, loss_mask) of each held-out document, cut to seq_len tokens, up to
+    max_tokens in all: a jsonl file whole, or the held-out split of a data source."""
     import torch
 
-    from draftsmith.train.data import DataConfig, build_dataset
+    from draftsmith.train.data import DataConfig, encode_documents, load_documents
 
     path = Path(data)
     if path.suffix == ".jsonl" and not path.is_file():
         raise FileNotFoundError(f"calibration data {path} does not exist")
     # A file is held-out data as a whole: heldout_fraction 0 puts all of it in one split.
     split = {"split": "train", "heldout_fraction": 0.0} if path.exists() else {"split": "heldout"}
-    rows = build_dataset(
-        DataConfig(source=data, seq_len=config.seq_len, max_tokens=config.max_tokens, **split),
-        tokenizer,
-    ).with_format("numpy")
-    return (
-        torch.from_numpy(np.asarray(rows["input_ids"], dtype=np.int64)),
-        torch.from_numpy(np.asarray(rows["loss_mask"], dtype=np.int8)),
-    )
+    data_config = DataConfig(source=data, seq_len=config.seq_len, **split)
+    documents, total = [], 0
+    for ids, mask in encode_documents(
+        load_documents(data_config), tokenizer, data_config.assistant_only_loss
+    ):
+        ids, mask = ids[: config.seq_len], mask[: config.seq_len]
+        if any(mask[1:]):  # something to draft after the first token
+            documents.append((torch.tensor(ids), torch.tensor(mask, dtype=torch.int8)))
+            total += len(ids)
+        if total >= config.max_tokens:
+            break
+    if len(documents) < 2:
+        raise ValueError(
+            f"calibration data {data} gives {len(documents)} document(s) with tokens to draft; "
+            f"calibration fits on some documents and evaluates on others: give at least 2"
+        )
+    return documents
 
 
 def _held_out_prompts(data: str, tokenizer, config: CalibrateConfig) -> list:

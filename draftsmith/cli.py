@@ -85,6 +85,18 @@ def _prepare_data(args: argparse.Namespace) -> None:
     run_prepare_data(parser.parse_args(args.arguments))
 
 
+def _regenerate(args: argparse.Namespace) -> None:
+    from draftsmith.train.regenerate import add_regenerate_arguments, run_regenerate
+
+    parser = argparse.ArgumentParser(
+        prog="draftsmith regenerate",
+        description="Training data in the target's own words: chat answers rewritten by the "
+        "target, text and code continued by it (jsonl, resumable).",
+    )
+    add_regenerate_arguments(parser)
+    run_regenerate(parser.parse_args(args.arguments))
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     from draftsmith.calibrate_command import add_calibrate_arguments, run_calibrate
 
@@ -149,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "prepare-data", "tokenize and pack a data source into training rows (--help)"
     )
     prepare.set_defaults(func=_prepare_data)
+    regenerate = _deferred(
+        commands,
+        "regenerate",
+        "data in the target's own words: --target NAME --source SRC --out FILE.jsonl (--help)",
+    )
+    regenerate.set_defaults(func=_regenerate)
     calibrate = _deferred(
         commands,
         "calibrate",

@@ -62,8 +62,8 @@ def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, na
         llama, head.as_drafter(llama), policy=DraftLengthPolicy(max_tokens=head.num_steps)
     )
     decoded = collect_from_decoding(decoder, [prompt], max_new_tokens=new)
-    loss_mask = torch.tensor([[0] * len(prompt) + [1] * new])
-    forced = collect_teacher_forced(head, llama, torch.tensor([text]), loss_mask)
+    loss_mask = torch.tensor([0] * len(prompt) + [1] * new)
+    forced = collect_teacher_forced(head, llama, [(torch.tensor(text), loss_mask)])
 
     assert 0 < sum(decoded["accepted"]) < len(decoded)  # some accepted, some rejected
     assert len(forced) > len(decoded)
@@ -88,11 +88,17 @@ def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, na
 
 def test_teacher_forced_cuts_chains_where_the_text_leaves_the_greedy_path(llama):
     head = fit(build_head("eagle3", llama), llama, steps=10)
-    ids = torch.randint(3, 200, (2, 40), generator=torch.Generator().manual_seed(1))
-    rows = collect_teacher_forced(head, llama, ids, torch.ones_like(ids), temperature=0.7)
+    ids = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(1))
+    documents = [(ids, torch.ones_like(ids)), (ids[:25], torch.ones_like(ids[:25]))]
+    rows = collect_teacher_forced(head, llama, documents, temperature=0.7)
     positions = torch.tensor(rows["position"])
     # Random text almost never follows the target's argmax: chains stop at step 0 or 1.
-    assert (positions == 0).sum() == 2 * (40 - 1)
+    assert (positions == 0).sum() == (40 - 1) + (25 - 1)  # padding drafts nothing
     assert (positions > 0).sum() < (positions == 0).sum() // 4
     assert all(0.0 <= p <= 1.0 for p in rows["accept_prob"])
     assert set(rows["source"]) == {0, 1}
+    # Right padding changes nothing for the longer document's records.
+    alone = collect_teacher_forced(head, llama, documents[:1], temperature=0.7)
+    first = [i for i, source in enumerate(rows["source"]) if source == 0]
+    assert len(first) == len(alone)
+    assert [rows["top1_prob"][i] for i in first] == pytest.approx(alone["top1_prob"], abs=1e-5)

@@ -471,8 +471,11 @@ def test_text_prompts_are_disjoint_line_windows_fixed_by_the_document(tok):
         start = next(i for i in range(len(lines)) if "".join(lines[i:]).startswith(prompt))
         spans.append((start, start + len(prompt.splitlines())))
         assert spans[-1][1] < len(lines)  # something is left to continue
+    spans.sort()
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert list(text_prompts(document, tok, config)) == prompts
+    more = list(text_prompts(document, tok, replace(config, prompts_per_document=4)))
+    assert more[:3] == prompts  # asking for more keeps the ids already written
     other = list(text_prompts(document, tok, replace(config, seed=1)))
     assert other != prompts
     assert list(text_prompts({"id": "s", "text": "x = 1\n"}, tok, config)) == []
@@ -522,6 +525,30 @@ def test_continue_texts_writes_records_the_pipeline_trains_on(tmp_path, tok):
     mask = [m for row in rows["loss_mask"] for m in row]
     completions = [tok.decode(run) for run in masked_runs(ids, mask)]
     assert sorted(completions) == sorted(r["completion"] for r in records)  # shuffled documents
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_regenerate_command_continues_text_and_answers_chat(tmp_path, tok):
+    from draftsmith.cli import main
+
+    target = tmp_path / "target"
+    tiny_model("qwen2", seed=5, vocab_size=len(tok)).save_pretrained(target)
+    tok.save_pretrained(target)
+    records = [{"id": f"code{i}", "text": CODE} for i in range(2)]
+    records.append({"id": "chat", "messages": CONVERSATION})
+    source = write_jsonl(tmp_path / "mixed.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    command = ["regenerate", "--target", str(target), "--source", str(source)]
+    command += ["--out", str(out), "--max-new-tokens", "4", "--prompt-tokens", "12"]
+    main([*command, "--prompts-per-document", "2", "--dtype", "float32"])
+    main([*command, "--prompts-per-document", "2"])  # a second run finds everything written
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    kinds = sorted("messages" if "messages" in r else "completion" for r in written)
+    # both documents of the train split are cut twice, the conversation answered, once only
+    train_docs = [r["id"] for r in records if document_split(r["id"]) == "train"]
+    assert len(written) == len({r["id"] for r in written})
+    assert kinds.count("completion") == 2 * sum(d.startswith("code") for d in train_docs)
+    assert kinds.count("messages") == ("chat" in train_docs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -170,6 +170,12 @@ def test_chain_acceptance_counts_and_tau_sim():
     assert counts.acceptance() == [0.75, 0.5]
     assert counts.tau_sim() == pytest.approx([1.75, 1 + 0.75 + 0.75 * 0.5])
 
+    # Medusa-style heads draft from step 1: the chain starts there, every step is still trained
+    later = draft_objective(steps, target, torch.ones(1, length), ObjectiveConfig(), None, 1)
+    assert later.agreement.total.tolist() == [3] and later.agreement.agree.tolist() == [2]
+    assert later.agreement.tau_sim() == pytest.approx([1 + 2 / 3])
+    assert later.step_losses.shape == (2,)
+
 
 def test_agreement_from_hand_counts():
     counts = Agreement(

@@ -67,6 +67,7 @@ __all__ = [
     "document_split",
     "encode_chat",
     "encode_completion",
+    "encode_documents",
     "encode_text",
     "load_documents",
     "pack",
@@ -314,11 +315,11 @@ def _render(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(list(messages), tokenize=False)
 
 
-def _encode_documents(
-    documents: Dataset, tokenizer: Any, assistant_only_loss: bool, progress: tqdm
+def encode_documents(
+    documents: Dataset, tokenizer: Any, assistant_only_loss: bool, progress: tqdm | None = None
 ) -> Iterator[tuple[list[int], list[int]]]:
-    """(ids, mask) of each document in order, tokenized a batch at a time (lazily: packing
-    stops pulling once it has max_tokens)."""
+    """(ids, mask) of each document in order (the loss mask as packed rows carry it), tokenized
+    a batch at a time (lazily: packing stops pulling once it has max_tokens)."""
     for start in range(0, len(documents), _ENCODE_BATCH):
         batch = documents[start : start + _ENCODE_BATCH]
         texts = [
@@ -341,7 +342,8 @@ def _encode_documents(
                 ids, mask = encode_chat(
                     messages, tokenizer, assistant_only_loss=assistant_only_loss
                 )
-            progress.update(1)  # before yielding: packing may never resume this generator
+            if progress is not None:
+                progress.update(1)  # before yielding: packing may never resume this generator
             yield ids, mask
 
 
@@ -387,7 +389,7 @@ def _build(config: DataConfig, tokenizer: Any) -> tuple[Dataset, dict[str, Any]]
     max_rows = config.max_tokens // config.seq_len if config.max_tokens else None
     desc = f"tokenizing {config.source} ({config.split})"
     with tqdm(total=len(documents), unit="doc", desc=desc) as progress:
-        encoded = _encode_documents(documents, tokenizer, config.assistant_only_loss, progress)
+        encoded = encode_documents(documents, tokenizer, config.assistant_only_loss, progress)
         rows = list(islice(pack(encoded, config.seq_len, pad_id), max_rows))
         used = progress.n
     input_ids = np.array([ids for ids, _ in rows], dtype=np.int32).reshape(-1, config.seq_len)

@@ -26,17 +26,27 @@ document's train / held-out split (`draftsmith.train.data.document_split`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["RegenerateConfig", "completed_ids", "continue_texts", "regenerate", "text_prompts"]
+__all__ = [
+    "add_regenerate_arguments",
+    "run_regenerate",
+    "RegenerateConfig",
+    "completed_ids",
+    "continue_texts",
+    "regenerate",
+    "text_prompts",
+]
 
 
 @dataclass(kw_only=True)
@@ -133,11 +143,11 @@ def continue_texts(
         The number of records written by this call.
     """
     config = config or RegenerateConfig()
-    prompts = [
+    prompts = (  # lazy: with max_records, only the documents needed are cut
         {"id": key, "prompt": prompt}
         for document in documents
         for key, prompt in text_prompts(document, tokenizer, config)
-    ]
+    )
 
     def continued(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         texts = [r["prompt"] for r in batch]
@@ -183,23 +193,24 @@ def text_prompts(
             break
         if all(stop <= a or start >= b for a, b in chosen):
             chosen.append((start, stop))
-    for n, (start, stop) in enumerate(sorted(chosen)):
+    # Numbered in draw order, so asking for more prompts per document later keeps every id
+    # already written naming the same prompt (a resumed run only adds the new ones).
+    for n, (start, stop) in enumerate(chosen):
         yield f"{document['id']}#{n}", "".join(lines[start:stop])
 
 
 def _append_batches(
-    records: list[dict[str, Any]],
+    records: Iterable[dict[str, Any]],
     produce: Any,
     out_path: str | Path,
     config: RegenerateConfig,
 ) -> int:
     """Write ``produce(batch)`` for each batch of the records whose id is not yet in
-    `out_path`, a batch at a time; returns how many were written."""
+    `out_path` (at most ``config.max_records`` of them), a batch at a time; returns how many
+    were written."""
     out_path = Path(out_path)
     done = completed_ids(out_path)
-    todo = [r for r in records if r["id"] not in done]
-    if config.max_records is not None:
-        todo = todo[: config.max_records]
+    todo = list(islice((r for r in records if r["id"] not in done), config.max_records))
     if config.do_sample:
         torch.manual_seed(config.seed)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -273,3 +284,65 @@ def _generate(
         end = next((j for j, token in enumerate(row) if token in eos), len(row))
         answers.append(tokenizer.decode(row[:end], skip_special_tokens=True))
     return answers
+
+
+def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``draftsmith regenerate``."""
+    defaults = RegenerateConfig()
+    parser.add_argument("--target", required=True, help="zoo name, local folder or hub id")
+    parser.add_argument(
+        "--source", required=True, help="stdlib, chitchat, a local file or folder, or a hub name"
+    )
+    parser.add_argument("--out", required=True, type=Path, help="jsonl to write (resumes)")
+    parser.add_argument("--split", default="train", choices=("train", "heldout"))
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=defaults.prompt_tokens, help="text sources"
+    )
+    parser.add_argument(
+        "--prompts-per-document",
+        type=int,
+        default=defaults.prompts_per_document,
+        help="text sources",
+    )
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument(
+        "--max-records", type=int, default=None, help="stop after this many new records"
+    )
+    parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+
+
+def run_regenerate(args: argparse.Namespace) -> int:
+    """Run ``draftsmith regenerate``: chat sources get their answers rewritten, text sources are
+    continued (`continue_texts`). Returns the number of records written."""
+    from draftsmith.models import load_model
+    from draftsmith.train.data import DataConfig, load_documents
+
+    config = RegenerateConfig(
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        max_records=args.max_records,
+        prompt_tokens=args.prompt_tokens,
+        prompts_per_document=args.prompts_per_document,
+    )
+    documents = load_documents(DataConfig(source=args.source, split=args.split, seed=args.seed))
+    model, tokenizer = load_model(args.target, dtype=args.dtype)
+    chat = [d for d in documents if d["messages"]]
+    text = [d for d in documents if not d["messages"]]
+    written = 0
+    if chat:
+        written += regenerate(chat, model, tokenizer, args.out, config)
+    if text:
+        written += continue_texts(text, model, tokenizer, args.out, config)
+    print(f"{args.out}: {written:,} new records ({len(completed_ids(args.out)):,} in all)")
+    return written
