@@ -183,20 +183,33 @@ def bootstrap_ci(
     n: int = 1000,
     alpha: float = 0.05,
     seed: int = 0,
+    groups: np.ndarray | None = None,
 ) -> Interval:
     """Percentile bootstrap (1 - alpha) confidence interval of metric_fn(conf, outcomes).
 
-    Resamples drafted tokens with replacement n times; replicates where the metric is NaN (an
-    AUROC resample with one class) are dropped. Tokens of one draft are correlated, so the
-    interval is somewhat optimistic.
+    Resamples n times with replacement: drafted tokens, or with `groups` (N,) whole groups
+    (documents or prompts: a cluster bootstrap, honest when tokens of one group are correlated,
+    as drafts of one document are). Replicates where the metric is NaN (an AUROC resample with
+    one class) are dropped.
     """
     conf, outcomes = check_conf_outcomes(conf, outcomes)
     if n < 1 or not 0 < alpha < 1:
         raise ValueError(f"need n >= 1 and 0 < alpha < 1, got n={n}, alpha={alpha}")
     rng = np.random.default_rng(seed)
+    members = None
+    if groups is not None:
+        groups = np.asarray(groups)
+        if groups.shape != conf.shape:
+            raise ValueError(f"groups must be ({conf.size},), got {groups.shape}")
+        order = np.argsort(groups, kind="stable")
+        members = np.split(order, np.flatnonzero(np.diff(groups[order])) + 1)
     replicates = np.empty(n)
     for i in range(n):
-        index = rng.integers(0, conf.size, conf.size)
+        if members is None:
+            index = rng.integers(0, conf.size, conf.size)
+        else:
+            picked = rng.integers(0, len(members), len(members))
+            index = np.concatenate([members[j] for j in picked])
         replicates[i] = metric_fn(conf[index], outcomes[index])
     replicates = replicates[~np.isnan(replicates)]
     if replicates.size == 0:

@@ -1,9 +1,16 @@
 """Calibrate a drafter's confidence on held-out data and write the result into its artifact.
 
-records of drafted tokens (`draftsmith.calibration.collect`: teacher-forced over held-out rows,
-or from decoding held-out prompts) -> split by source (row or prompt) into fit / eval halves ->
-fit the calibrator on one half -> metrics, plots and report, raw vs calibrated, on the other
-half -> calibration.json + calibration/report.md.
+records of drafted tokens (`draftsmith.calibration.collect`: teacher-forced over held-out
+documents, or from decoding held-out prompts) -> K folds of sources (documents or prompts) ->
+each fold scored by a calibrator fitted on the other folds (cross-fitting) -> metrics, plots and
+report, raw vs calibrated, over every token, each scored out of sample -> the calibrator fitted
+on all folds -> calibration.json + calibration/report.md.
+
+Why cross-fitting rather than one fit / eval split: acceptance varies far more between documents
+than within one (a looping continuation accepts nearly every draft), so two halves differ in
+base rate by a few points by chance, and a single split's ECE measures that luck as much as the
+calibrator. Scoring every fold out of sample and pooling averages the fold differences out, and
+no token is ever scored by a calibrator that saw its document.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from datasets import Dataset
 
 from draftsmith.calibration.calibrators import build_calibrator, calibrator_class
 from draftsmith.calibration.collect import collect_from_decoding
-from draftsmith.calibration.metrics import calibration_metrics
+from draftsmith.calibration.metrics import bootstrap_ci, calibration_metrics, ece
 from draftsmith.decoding import SpeculativeDecoder
 
 logger = logging.getLogger(__name__)
@@ -53,8 +60,9 @@ class CalibrateConfig:
     """decode: tokens decoded after each prompt."""
     max_prompts: int = 64
     """decode: prompts decoded."""
-    fit_fraction: float = 0.5
-    """Share of prompts whose tokens fit the calibrator; the rest only evaluate it."""
+    folds: int = 5
+    """Folds of sources for cross-fitting: each fold is scored by a calibrator fitted on the
+    others (at most one fold per source)."""
     n_bins: int = 15
     seed: int = 0
 
@@ -106,21 +114,38 @@ def calibrate_records(
     config: CalibrateConfig,
     metadata: dict | None = None,
 ) -> dict:
-    """Fit on some sources' records, evaluate on the others', and write calibration.json + the
-    report into artifact_dir. Returns the calibration.json payload."""
+    """Cross-fit by source (see the module doc), fit the saved calibrator on every record, and
+    write calibration.json + the report into artifact_dir. Returns the calibration.json
+    payload."""
     outcome = "accept_prob" if config.temperature > 0 else "accepted"
-    fit, held_out = split_by_source(records, config.fit_fraction)
     # Single-signal methods (temperature, isotonic, histogram) take the first signal.
     names = config.signals[: calibrator_class(config.method).max_signals]
-    signals = {name: np.asarray(fit[name]) for name in names}
-    calibrator = build_calibrator(config.method, signals=names).fit(
-        signals, np.asarray(fit[outcome])
-    )
-    y = np.asarray(held_out[outcome])
-    raw = np.asarray(held_out["top1_prob"])  # the drafter's own, uncalibrated confidence
-    calibrated = calibrator.predict({name: np.asarray(held_out[name]) for name in names})
+    signals = {name: np.asarray(records[name]) for name in names}
+    y = np.asarray(records[outcome])
+    raw = np.asarray(records["top1_prob"])  # the drafter's own, uncalibrated confidence
+    calibrated = np.empty_like(y, dtype=np.float64)
+    for scored in source_folds(np.asarray(records["source"]), config.folds, config.seed):
+        fitted = np.ones(len(y), dtype=bool)
+        fitted[scored] = False
+        fold_calibrator = build_calibrator(config.method, signals=names).fit(
+            {name: values[fitted] for name, values in signals.items()}, y[fitted]
+        )
+        calibrated[scored] = fold_calibrator.predict(
+            {name: values[scored] for name, values in signals.items()}
+        )
+    calibrator = build_calibrator(config.method, signals=names).fit(signals, y)
     before = calibration_metrics(raw, y, n_bins=config.n_bins)
     after = calibration_metrics(calibrated, y, n_bins=config.n_bins)
+    sources = np.asarray(records["source"])
+    n_sources = len(np.unique(sources))
+
+    def equal_mass_ece(conf: np.ndarray, outcomes: np.ndarray) -> float:
+        return ece(conf, outcomes, config.n_bins, "equal_mass")
+
+    ci95 = {  # resampling whole documents / prompts: their tokens are correlated
+        side: list(bootstrap_ci(equal_mass_ece, conf, y, n=200, groups=sources)[1:])
+        for side, conf in (("before", raw), ("after", calibrated))
+    }
 
     artifact_dir = Path(artifact_dir)
     payload = {
@@ -128,19 +153,21 @@ def calibrate_records(
         "requested_method": config.method,
         "outcome": outcome,
         "temperature": config.temperature,
-        "n_fit": len(fit),
-        "n_eval": len(held_out),
+        "n_fit": len(y),
+        "n_eval": len(y),
+        "evaluation": f"{min(config.folds, n_sources)}-fold cross-fitted over {n_sources} sources",
         "metrics": {"before": before, "after": after},
+        "ece_equal_mass_ci95": ci95,
         "config": asdict(config),
         **(metadata or {}),
     }
     path = calibrator.save(artifact_dir, payload)
-    summary = {k: payload[k] for k in ("method", "outcome", "temperature", "n_fit", "n_eval")}
+    summary = {k: payload[k] for k in ("method", "outcome", "temperature", "n_fit", "evaluation")}
     _write_report(
         artifact_dir / REPORT_DIR,
         raw,
         calibrated,
-        np.asarray(held_out["position"]),
+        np.asarray(records["position"]),
         y,
         (before, after),
         {**summary, **(metadata or {})},
@@ -149,19 +176,22 @@ def calibrate_records(
     return {**payload, **calibrator.to_dict()}
 
 
-def split_by_source(records: Dataset, fit_fraction: float) -> tuple[Dataset, Dataset]:
-    """Split rows by the prompt they came from (never within one prompt's tokens)."""
-    sources = sorted(set(records["source"]))
-    if len(sources) < 2:
-        raise ValueError("calibration needs drafted tokens from at least 2 prompts: give more data")
-    rng = np.random.default_rng(0)
-    order = rng.permutation(sources)
-    n_fit = min(max(1, round(len(sources) * fit_fraction)), len(sources) - 1)
-    fit_sources = set(order[:n_fit].tolist())
-    is_fit = [s in fit_sources for s in records["source"]]
-    fit = records.select([i for i, f in enumerate(is_fit) if f])
-    held_out = records.select([i for i, f in enumerate(is_fit) if not f])
-    return fit, held_out
+def source_folds(sources: np.ndarray, folds: int, seed: int = 0) -> list[np.ndarray]:
+    """Row indices of each fold, folds made of whole sources (shuffled by `seed`, dealt round
+    robin); min(folds, number of sources) folds.
+
+    Raises a ValueError with fewer than 2 sources: nothing would be left to score out of sample.
+    """
+    unique = np.unique(sources)
+    if len(unique) < 2:
+        raise ValueError(
+            "calibration needs drafted tokens from at least 2 documents or prompts (it scores "
+            "each with a calibrator fitted on the others): give more data"
+        )
+    order = np.random.default_rng(seed).permutation(unique)
+    fold_of = {source: i % min(folds, len(unique)) for i, source in enumerate(order.tolist())}
+    assigned = np.array([fold_of[source] for source in sources.tolist()])
+    return [np.flatnonzero(assigned == fold) for fold in range(min(folds, len(unique)))]
 
 
 def _write_report(

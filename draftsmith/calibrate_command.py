@@ -78,10 +78,16 @@ def run_calibrate(args: argparse.Namespace) -> dict:
     payload = calibrate_records(records, args.artifact, config, metadata)
     print(f"calibrator: {payload['method']} on {', '.join(payload['signals'])}")
     print(
-        f"outcome: {payload['outcome']} ({config.collect}); fit on {payload['n_fit']}, "
-        f"evaluated on {payload['n_eval']} drafted tokens"
+        f"outcome: {payload['outcome']} ({config.collect}) over {payload['n_eval']} drafted "
+        f"tokens; after: {payload['evaluation']}"
     )
     print(format_table(payload["metrics"]["before"], payload["metrics"]["after"]))
+    ci = payload["ece_equal_mass_ci95"]
+    print(
+        "ece_equal_mass 95% interval (bootstrap over documents / prompts): before "
+        f"[{ci['before'][0]:.4f}, {ci['before'][1]:.4f}], after "
+        f"[{ci['after'][0]:.4f}, {ci['after'][1]:.4f}]"
+    )
     print(f"wrote {args.artifact / 'calibration.json'} and {args.artifact / 'calibration'}/")
     return payload
 

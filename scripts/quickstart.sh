@@ -13,7 +13,8 @@ heldout=runs/data/smollm2-135m/stdlib-heldout-continued.jsonl
 
 draftsmith fetch-model smollm2-135m
 draftsmith regenerate --target smollm2-135m --source stdlib --split heldout --dtype bfloat16 \
-    --max-new-tokens 128 --batch-size 32 --max-records 256 --out "$heldout"
+    --max-new-tokens 128 --batch-size 32 --max-records 512 --prompts-per-document 8 \
+    --out "$heldout"
 accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
     recipes/smollm2-135m/eagle3.yaml output_dir="$out" eval_data.source="$heldout" "$@"
 draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout" --dtype bfloat16

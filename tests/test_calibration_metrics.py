@@ -146,6 +146,21 @@ def test_bootstrap_ci_contains_estimate_and_is_reproducible():
     assert narrow.high - narrow.low < 0.5 * wide
 
 
+def test_cluster_bootstrap_is_wider_when_groups_share_their_outcome():
+    """Forty groups whose tokens all share one outcome hold forty observations, not 2,000: the
+    group bootstrap sees that, the token bootstrap does not."""
+    rng = np.random.default_rng(4)
+    groups = np.repeat(np.arange(40), 50)
+    outcomes = np.repeat((rng.uniform(size=40) < 0.5).astype(np.float64), 50)
+    conf = np.full(groups.size, 0.3)
+    tokens = bootstrap_ci(brier_score, conf, outcomes, n=200, seed=1)
+    clustered = bootstrap_ci(brier_score, conf, outcomes, n=200, seed=1, groups=groups)
+    assert clustered.estimate == tokens.estimate
+    assert clustered.high - clustered.low > 3 * (tokens.high - tokens.low)
+    with pytest.raises(ValueError, match="groups must be"):
+        bootstrap_ci(brier_score, conf, outcomes, groups=groups[:-1])
+
+
 def test_bootstrap_ci_drops_nan_replicates():
     # One accepted token in 20: many resamples miss it and have no AUROC.
     conf = np.linspace(0, 1, 20)

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import perturbed_copy
 
 from draftsmith.calibration import Calibrator
-from draftsmith.calibration.pipeline import CalibrateConfig, calibrate_decoder, prompts_from_texts
+from draftsmith.calibration.pipeline import (
+    CalibrateConfig,
+    calibrate_decoder,
+    prompts_from_texts,
+    source_folds,
+)
 from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
 from draftsmith.heads import DraftModelDrafter
 
@@ -52,3 +58,15 @@ def test_prompts_from_texts_cuts_windows(byte_tokenizer):
     assert [len(p) for p in prompts] == [16, 16]
     with pytest.raises(ValueError, match="no held-out document has 64 tokens"):
         prompts_from_texts(["short"], byte_tokenizer, 64, stride=64, max_prompts=4)
+
+
+def test_source_folds_keep_sources_whole_and_cover_every_row():
+    sources = np.repeat(np.arange(7), [3, 1, 4, 2, 5, 1, 2])
+    folds = source_folds(sources, folds=3, seed=1)
+    assert len(folds) == 3
+    assert sorted(np.concatenate(folds).tolist()) == list(range(len(sources)))
+    owners = [set(sources[fold].tolist()) for fold in folds]
+    assert all(a.isdisjoint(b) for i, a in enumerate(owners) for b in owners[i + 1 :])
+    assert len(source_folds(sources, folds=20)) == 7  # at most one fold per source
+    with pytest.raises(ValueError, match="at least 2 documents or prompts"):
+        source_folds(np.zeros(5, dtype=int), folds=5)
