@@ -4,7 +4,7 @@ records of drafted tokens (`draftsmith.calibration.collect`: teacher-forced over
 documents, or from decoding held-out prompts) -> K folds of sources (documents or prompts) ->
 each fold scored by a calibrator fitted on the other folds (cross-fitting) -> metrics, plots and
 report, raw vs calibrated, over every token, each scored out of sample -> the calibrator fitted
-on all folds -> calibration.json + calibration/report.md.
+on all folds -> calibration.json + calibration/report.md (and the records, records.parquet).
 
 Why cross-fitting rather than one fit / eval split: acceptance varies far more between documents
 than within one (a looping continuation accepts nearly every draft), so two halves differ in
@@ -32,6 +32,7 @@ from draftsmith.decoding import SpeculativeDecoder
 logger = logging.getLogger(__name__)
 
 REPORT_DIR = "calibration"
+RECORDS_FILE = "records.parquet"
 
 
 Collection = Literal["teacher-forced", "decode"]
@@ -171,6 +172,11 @@ def calibrate_records(
         y,
         (before, after),
         {**summary, **(metadata or {})},
+    )
+    # The drafted-token records themselves (signals, outcomes, source, the out-of-fold
+    # calibrated confidence), for analyses the report does not make.
+    records.add_column("calibrated", calibrated).to_parquet(
+        str(artifact_dir / REPORT_DIR / RECORDS_FILE)
     )
     logger.info("wrote %s and %s", path, artifact_dir / REPORT_DIR)
     return {**payload, **calibrator.to_dict()}

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import perturbed_copy
+from datasets import Dataset
 
 from draftsmith.calibration import Calibrator
 from draftsmith.calibration.pipeline import (
@@ -51,6 +52,11 @@ def test_calibration_json_and_report_are_written(llama, tmp_path, temperature):
     for png in (tmp_path / "calibration").glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list((tmp_path / "calibration").glob("*.png"))) == 3
+    records = Dataset.from_parquet(str(tmp_path / "calibration" / "records.parquet"))
+    assert len(records) == saved["n_eval"]
+    assert {"top1_prob", "accepted", "accept_prob", "source", "calibrated"} <= set(
+        records.column_names
+    )
 
 
 def test_prompts_from_texts_cuts_windows(byte_tokenizer):
