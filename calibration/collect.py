@@ -181,6 +181,7 @@ def collect_teacher_forced(
     recorder = DraftRecorder(temperature=temperature)
     layers = tuple(head.target_feature_layers)
     shift = head.first_drafted_step
+    draft_to_target = head.draft_to_target()
     head = head.eval()
     for first in tqdm(range(0, len(documents), batch_size), desc="collect (teacher-forced)"):
         group = documents[first : first + batch_size]
@@ -191,7 +192,7 @@ def collect_teacher_forced(
         steps = steps[:, :, shift:].roll(shift, dims=1)  # rows t < s wrap around: never kept
         for row in range(len(group)):
             recorder.source = first + row
-            recorder.add_chains(steps[row], batch, row, head.draft_to_target(), first=shift)
+            recorder.add_chains(steps[row], batch, row, draft_to_target, first=shift)
     return recorder.dataset()
 
 

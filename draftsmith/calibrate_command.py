@@ -125,11 +125,10 @@ def _held_out_documents(data: str, tokenizer, config: CalibrateConfig) -> list:
 
     from draftsmith.train.data import DataConfig, encode_documents, load_documents
 
-    path = Path(data)
-    if path.suffix == ".jsonl" and not path.is_file():
-        raise FileNotFoundError(f"calibration data {path} does not exist")
-    # A file is held-out data as a whole: heldout_fraction 0 puts all of it in one split.
-    split = {"split": "train", "heldout_fraction": 0.0} if path.exists() else {"split": "heldout"}
+    # A file is held-out data as a whole: heldout_fraction 0 puts all of it in one split (a
+    # missing path is `load_documents`' clear error).
+    whole = Path(data).exists()
+    split = {"split": "train", "heldout_fraction": 0.0} if whole else {"split": "heldout"}
     data_config = DataConfig(source=data, seq_len=config.seq_len, **split)
     documents, total = [], 0
     for ids, mask in encode_documents(

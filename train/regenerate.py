@@ -164,8 +164,9 @@ def text_prompts(
 
     A prompt is a run of whole lines, starting at a non-blank line and at least
     ``config.prompt_tokens`` tokens long, with at least one line after it (the target continues
-    mid-document, as a code-completion request does); windows do not overlap and their starts are drawn with a generator seeded by the document id (and
-    ``config.seed``), so the same document always gives the same prompts.
+    mid-document, as a code-completion request does). Windows do not overlap; their starts are
+    drawn with a generator seeded by the document id (and ``config.seed``), so the same document
+    always gives the same prompts.
     """
     if document.get("messages"):
         raise ValueError(f"document {document['id']!r} is chat: use regenerate() for chat records")
