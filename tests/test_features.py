@@ -45,7 +45,7 @@ def rows():
 
 def write(target, rows, folder, **kwargs):
     options = {"target_name": "tiny", "dtype": "float32", "batch_size": 3, "rows_per_shard": 2}
-    write_feature_cache(target, *rows, LAYERS, folder, **{**options, **kwargs})
+    return write_feature_cache(target, *rows, LAYERS, folder, **{**options, **kwargs})
 
 
 def test_next_token_mask_shifts_to_the_predicting_position():
@@ -128,12 +128,13 @@ def test_an_interrupted_write_resumes_where_it_stopped(tmp_path, target, rows, m
 
 def test_processes_split_the_shards(tmp_path, target, rows):
     folder = tmp_path / "cache"
-    write(target, rows, folder, rank=1, world_size=2)
+    assert write(target, rows, folder, rank=1, world_size=2) == 3  # rows 2-3 and 6
     assert sorted(p.name for p in folder.glob("shard-*")) == [
         "shard-00001.safetensors",
         "shard-00003.safetensors",
     ]
-    write(target, rows, folder, rank=0, world_size=2)
+    assert write(target, rows, folder, rank=0, world_size=2) == 4
+    assert write(target, rows, folder) == 0  # complete: nothing left to write
     assert len(FeatureCache(folder)) == 7
 
 

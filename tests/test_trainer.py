@@ -253,6 +253,11 @@ def test_feature_cache_trains_like_online(tmp_path, corpus, target, tokenizer):
     assert (tmp_path / "features" / "meta.json").is_file()
     a, b = metrics(tmp_path / "online", "train"), metrics(tmp_path / "cached", "train")
     assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-4)
+    (written,) = metrics(tmp_path / "cached", "cache")
+    assert written["rows"] == json.loads((tmp_path / "features/meta.json").read_text())["rows"]
+    assert written["tokens_per_s"] > 0
+    train(config_of(cached, tmp_path), target=target, tokenizer=tokenizer)  # cache reused
+    assert metrics(tmp_path / "cached", "cache") == []  # nothing written this time
 
 
 def test_sampler_is_a_function_of_seed_and_step():

@@ -204,11 +204,12 @@ def write_feature_cache(
     rows_per_shard: int = 256,
     rank: int = 0,
     world_size: int = 1,
-) -> None:
+) -> int:
     """Write (or finish writing) the feature cache of rows `input_ids`, `loss_mask` (N, T).
 
     Every process calls it; process `rank` writes shards rank, rank + world_size, ... . Shards
     already in `folder` are skipped. The caller waits for all processes before reading.
+    Returns how many rows this process wrote (0 when its shards were all there).
 
     Raises:
         ValueError: `folder` holds a cache of other data, target or layers; or the target's
@@ -261,7 +262,7 @@ def write_feature_cache(
         if existing is None:
             _write_json(folder / META_FILE, meta)
     if not todo:
-        return
+        return 0
     folder.mkdir(parents=True, exist_ok=True)
     _check_logits_from_last(target, input_ids[: min(rows, 2)].long(), stored)
     device = target.device
@@ -284,6 +285,7 @@ def write_feature_cache(
             tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
             save_file(tensors, str(tmp))
             tmp.replace(final)
+    return sum(min((s + 1) * rows_per_shard, rows) - s * rows_per_shard for s in todo)
 
 
 def _check_logits_from_last(

@@ -276,6 +276,12 @@ class Trainer:
         set_seed(config.seed)
         self.output_dir = Path(config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.step = 0
+        self.train_seconds = 0.0
+        self.train_tokens = 0
+        self._wandb = None
+        self.cache_written: dict[str, float] | None = None
+        """What this run added to the feature cache (rows, seconds, tokens/s); logged by fit."""
 
         if target is None or tokenizer is None:
             from draftsmith.models import load_model
@@ -305,10 +311,6 @@ class Trainer:
         )
         # Not prepared: a prepared scheduler steps once per process per optimizer step.
         acc.register_for_checkpointing(self.scheduler)
-        self.step = 0
-        self.train_seconds = 0.0
-        self.train_tokens = 0
-        self._wandb = None
 
     # ---------------------------------------------------------------------------------------
     # setup
@@ -329,7 +331,8 @@ class Trainer:
         if self.config.feature_cache is None:
             return OnlineFeatures(self.target, layers, input_ids, loss_mask)
         acc = self.accelerator
-        write_feature_cache(
+        started = time.perf_counter()
+        written = write_feature_cache(
             self.target,
             input_ids,
             loss_mask,
@@ -342,6 +345,18 @@ class Trainer:
             world_size=acc.num_processes,
         )
         acc.wait_for_everyone()
+        rows = int(acc.reduce(torch.tensor(written), reduction="sum"))
+        if rows:
+            seconds = time.perf_counter() - started
+            tokens = rows * input_ids.shape[1]
+            self.cache_written = {
+                "rows": rows,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds,
+            }
+            acc.print(
+                f"feature cache: wrote {rows:,} rows in {seconds:.0f} s, {tokens / seconds:,.0f} tokens/s"
+            )
         return CachedFeatures(self.target, layers, FeatureCache(self.config.feature_cache))
 
     def _eval_data(self) -> DataConfig:
@@ -376,6 +391,8 @@ class Trainer:
         if acc.is_main_process:
             save_config(config, self.output_dir / "train_config.yaml")
             self._start_wandb()
+            if self.cache_written is not None:
+                self._log("cache", self.cache_written)
             print(
                 f"training {config.head} on {config.target}: {len(self.train_source):,} rows x "
                 f"{config.data.seq_len} tokens, {acc.num_processes} process(es) on "
