@@ -434,7 +434,9 @@ def test_regenerate_resumes_without_duplicates(tmp_path, tok):
     assert first == 2 and completed_ids(resumed) == {"r0", "r1"}
     with resumed.open("a") as handle:  # a kill in the middle of the next write
         handle.write('{"id": "r2", "messa')
-    assert regenerate(records, model, tok, resumed, config) == 3
+    assert regenerate(records, model, tok, resumed, replace(config, max_records=2)) == 0
+    assert regenerate(records, model, tok, resumed, replace(config, max_records=4)) == 2
+    assert regenerate(records, model, tok, resumed, config) == 1
     assert regenerate(records, model, tok, resumed, config) == 0
 
     lines = [json.loads(line) for line in resumed.read_text().splitlines()]

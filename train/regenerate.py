@@ -66,7 +66,8 @@ class RegenerateConfig:
     seed: int = 0
     """Seeds torch's generator before sampling."""
     max_records: int | None = None
-    """Write at most this many new records in this call, then return; None: all."""
+    """Produce the first this many records (in the source's order) in all, counting those the
+    output already holds: rerunning the same call writes nothing more; None: all."""
     prompt_tokens: int = 64
     """`continue_texts`: prompt length, in whole lines of at least this many tokens."""
     prompts_per_document: int = 4
@@ -206,12 +207,12 @@ def _append_batches(
     out_path: str | Path,
     config: RegenerateConfig,
 ) -> int:
-    """Write ``produce(batch)`` for each batch of the records whose id is not yet in
-    `out_path` (at most ``config.max_records`` of them), a batch at a time; returns how many
-    were written."""
+    """Write ``produce(batch)``, a batch at a time, for each of the first
+    ``config.max_records`` records whose id is not yet in `out_path`; returns how many were
+    written."""
     out_path = Path(out_path)
     done = completed_ids(out_path)
-    todo = list(islice((r for r in records if r["id"] not in done), config.max_records))
+    todo = [r for r in islice(records, config.max_records) if r["id"] not in done]
     if config.do_sample:
         torch.manual_seed(config.seed)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -311,7 +312,7 @@ def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument(
-        "--max-records", type=int, default=None, help="stop after this many new records"
+        "--max-records", type=int, default=None, help="the first N records in all (a rerun only finishes them)"
     )
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
