@@ -6,7 +6,10 @@ import math
 
 import pytest
 import torch
+from conftest import greedy_reference
+from test_heads import build_head, fit, target_batch
 
+from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
 from draftsmith.train.objectives import (
     DIVERGENCES,
     Agreement,
@@ -168,12 +171,17 @@ def test_chain_acceptance_counts_and_tau_sim():
     # step 1 given step 0 agreed: t = 0 (agrees) and t = 1 (does not)
     assert counts.chain_total.tolist() == [4, 2] and counts.chain_agree.tolist() == [3, 1]
     assert counts.acceptance() == [0.75, 0.5]
-    assert counts.tau_sim() == pytest.approx([1.75, 1 + 0.75 + 0.75 * 0.5])
+    # replayed rounds, 1 draft token: t=0 accepts 1 (2 tokens), t=2 none (1), t=3 predicts the
+    # last token, so it drafts nothing (1); 2 draft tokens: t=0 accepts both (3), then t=3 (1).
+    # Not the per-position average 1 + 0.75 + 0.75 * 0.5, which also counts the easy start t=1
+    # the decoder jumps over.
+    assert counts.walk_rounds.tolist() == [3, 2]
+    assert counts.tau_sim() == pytest.approx([4 / 3, 4 / 2])
 
     # Medusa-style heads draft from step 1: the chain starts there, every step is still trained
     later = draft_objective(steps, target, torch.ones(1, length), ObjectiveConfig(), None, 1)
     assert later.agreement.total.tolist() == [3] and later.agreement.agree.tolist() == [2]
-    assert later.agreement.tau_sim() == pytest.approx([1 + 2 / 3])
+    assert later.agreement.tau_sim() == pytest.approx([3 / 2])  # rounds at t = 0 and 2
     assert later.step_losses.shape == (2,)
 
 
@@ -183,10 +191,12 @@ def test_agreement_from_hand_counts():
         total=torch.tensor([10, 10]),
         chain_agree=torch.tensor([8, 4]),
         chain_total=torch.tensor([10, 8]),
+        walk_tokens=torch.tensor([18, 20]),
+        walk_rounds=torch.tensor([10, 9]),
     )
     assert counts.top1() == [0.8, 0.5]
     assert counts.acceptance() == [0.8, 0.5]
-    assert counts.tau_sim() == pytest.approx([1.8, 2.2])
+    assert counts.tau_sim() == pytest.approx([1.8, 20 / 9])
     doubled = counts + counts
     assert doubled.acceptance() == [0.8, 0.5]
     torch.testing.assert_close(Agreement.from_tensor(doubled.as_tensor()).total, counts.total * 2)
@@ -197,3 +207,29 @@ def test_bad_objective_settings_are_clear_errors():
         ObjectiveConfig(divergence="kl")
     with pytest.raises(ValueError, match="jsd_beta"):
         ObjectiveConfig(jsd_beta=1.0)
+
+
+def test_tau_sim_replays_greedy_decoding_on_the_targets_own_text(llama):
+    """On the target's greedy text, the replayed rounds are the decoder's rounds: as many target
+    forwards for as many tokens."""
+    torch.manual_seed(0)
+    head = fit(build_head("eagle3-reduced", llama), llama, steps=30)
+    prompt, new = [5, 6, 7], 40
+    text = torch.tensor(prompt + greedy_reference(llama, torch.tensor(prompt), new))
+    decoder = SpeculativeDecoder(
+        llama, head.as_drafter(llama), policy=DraftLengthPolicy(max_tokens=head.num_steps)
+    )
+    stats = decoder.generate(prompt, max_new_tokens=new).stats
+
+    batch = target_batch(llama, head, text[None])
+    batch.loss_mask = torch.zeros_like(text[None], dtype=torch.bool)
+    batch.loss_mask[0, len(prompt) - 1 :] = True  # the completion's next-token predictions
+    with torch.no_grad():
+        steps = head.forward_train(batch)
+    out = draft_objective(
+        steps, batch.target_logits, batch.loss_mask, ObjectiveConfig(), head.draft_to_target()
+    )
+    walk = out.agreement
+    assert 0 < stats.accepted < stats.drafted  # some drafts accepted, some rejected
+    assert int(walk.walk_rounds[-1]) == stats.target_forwards
+    assert int(walk.walk_tokens[-1]) == stats.new_tokens

@@ -312,7 +312,10 @@ def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument(
-        "--max-records", type=int, default=None, help="the first N records in all (a rerun only finishes them)"
+        "--max-records",
+        type=int,
+        default=None,
+        help="the first N records in all (a rerun only finishes them)",
     )
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
