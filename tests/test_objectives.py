@@ -185,6 +185,21 @@ def test_chain_acceptance_counts_and_tau_sim():
     assert later.step_losses.shape == (2,)
 
 
+def test_tau_sim_restarts_at_each_packed_text_and_stops_at_its_end():
+    """Two texts packed in one row (rows 0-3 and 6-8 counted): each is decoded on its own, and a
+    round never drafts past its text's last token, however well the chain agrees."""
+    length, vocab = 10, 3
+    target = torch.zeros(1, length, vocab)
+    target[..., 0] = 1.0
+    step = torch.zeros(1, length, vocab)
+    step[..., 0] = 1.0  # one draft step that always agrees
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0, 1, 1, 1, 0]])
+    counts = draft_objective([step], target, mask, ObjectiveConfig()).agreement
+    # text 1: rounds at 0 (2 tokens) and 2 (2 tokens, the second is the text's last, 4);
+    # text 2: rounds at 6 (2 tokens) and 8 (its last row: 1 token)
+    assert counts.walk_rounds.tolist() == [4] and counts.walk_tokens.tolist() == [7]
+
+
 def test_agreement_from_hand_counts():
     counts = Agreement(
         agree=torch.tensor([8, 5]),
