@@ -138,6 +138,18 @@ def test_processes_split_the_shards(tmp_path, target, rows):
     assert len(FeatureCache(folder)) == 7
 
 
+def test_a_started_cache_keeps_its_own_shard_size(tmp_path, target, rows):
+    folder = tmp_path / "cache"
+    assert write(target, rows, folder, rows_per_shard=3, rank=0, world_size=2) == 4  # 0-2, 6
+    assert write(target, rows, folder, rows_per_shard=2) == 3  # rows 3-5: still shards of 3
+    assert sorted(p.name for p in folder.glob("shard-*")) == [
+        f"shard-0000{i}.safetensors" for i in range(3)
+    ]
+    cached = CachedFeatures(target, LAYERS, FeatureCache(folder))
+    a = OnlineFeatures(target, LAYERS, *rows).batch(torch.arange(7), "cpu")
+    torch.testing.assert_close(cached.batch(torch.arange(7), "cpu").features, a.features)
+
+
 def test_size_is_estimated_and_printed_before_writing(tmp_path, target, rows, capsys):
     assert estimate_cache_bytes(7, 16, 64, 3, "bfloat16") == 7 * 16 * (3 * 64 * 2 + 5)
     write(target, rows, tmp_path / "cache")

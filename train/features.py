@@ -201,14 +201,16 @@ def write_feature_cache(
     target_name: str,
     dtype: str = "bfloat16",
     batch_size: int = 8,
-    rows_per_shard: int = 256,
+    rows_per_shard: int = 64,
     rank: int = 0,
     world_size: int = 1,
 ) -> int:
     """Write (or finish writing) the feature cache of rows `input_ids`, `loss_mask` (N, T).
 
-    Every process calls it; process `rank` writes shards rank, rank + world_size, ... . Shards
-    already in `folder` are skipped. The caller waits for all processes before reading.
+    Every process calls it; process `rank` writes shards rank, rank + world_size, ... (small
+    shards keep the processes' shares even). Shards already in `folder` are skipped, and a cache
+    already started keeps its own rows_per_shard. The caller waits for all processes before
+    reading.
     Returns how many rows this process wrote (0 when its shards were all there).
 
     Raises:
@@ -233,6 +235,9 @@ def write_feature_cache(
         "data_sha256": _data_digest(input_ids, loss_mask),
     }
     existing = _read_meta(folder)
+    if existing is not None and "rows_per_shard" in existing:
+        rows_per_shard = existing["rows_per_shard"]  # how it is split is the cache's own business
+        meta.update(rows_per_shard=rows_per_shard, shards=math.ceil(rows / rows_per_shard))
     if existing is not None and existing != meta:
         changed = sorted(k for k in meta if existing.get(k) != meta[k])
         raise ValueError(
