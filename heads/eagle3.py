@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import DecoderBlock, rms_norm, seeded, text_config
@@ -54,8 +54,7 @@ def build_draft_vocab(token_counts: torch.Tensor, size: int) -> tuple[torch.Tens
 class Eagle3Head(FeatureRecurrentHead):
     """EAGLE-3 head. `draft_vocab_size` None drafts over the full target vocabulary; otherwise
     `d2t` / `t2d` buffers (saved with the weights) map the draft vocabulary, set from training
-    data with `set_draft_vocab(*build_draft_vocab(counts, size))`. `init_from_target` starts the
-    head's final norm and LM head from the target's when it is bound."""
+    data with `set_draft_vocab(*build_draft_vocab(counts, size))`."""
 
     def __init__(
         self,
@@ -64,7 +63,6 @@ class Eagle3Head(FeatureRecurrentHead):
         feature_layers: Sequence[int] | None = None,
         num_steps: int = 4,
         draft_vocab_size: int | None = None,
-        init_from_target: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -85,7 +83,6 @@ class Eagle3Head(FeatureRecurrentHead):
         self.target_feature_layers = tuple(i % (layers + 1) for i in feature_layers)
         self.num_steps, self.seed, self.hidden_size = num_steps, seed, hidden
         self.draft_vocab_size, self.vocab_size = draft_vocab_size, vocab
-        self.init_from_target = init_from_target
         with seeded(seed):
             self.fc = nn.Linear(len(self.target_feature_layers) * hidden, hidden, bias=False)
             self.hidden_norm, self.embed_norm = rms_norm(config), rms_norm(config)
@@ -110,7 +107,6 @@ class Eagle3Head(FeatureRecurrentHead):
             "feature_layers": list(self.target_feature_layers),
             "num_steps": self.num_steps,
             "draft_vocab_size": self.draft_vocab_size,
-            "init_from_target": self.init_from_target,
             "seed": self.seed,
         }
 
@@ -128,26 +124,6 @@ class Eagle3Head(FeatureRecurrentHead):
             raise ValueError("d2t and t2d are not inverse maps (build them with build_draft_vocab)")
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
-        if self.init_from_target and self._target is not None:
-            self._copy_target_output()  # the copied LM head rows follow the vocabulary
-
-    def bind_target(self, target: PreTrainedModel) -> None:
-        super().bind_target(target)
-        if self.init_from_target:
-            self._copy_target_output()
-
-    @torch.no_grad()
-    def _copy_target_output(self) -> None:
-        """Start the final norm and LM head as the target's (its LM head's rows of the draft
-        vocabulary), so training begins from the target's own output space rather than a random
-        one. A function of the target alone, so an untrained head is still recognised."""
-        parts = self.parts()
-        rows = parts.lm_head.weight
-        if self.draft_vocab_size is not None:
-            rows = rows.index_select(0, self.d2t.to(rows.device))
-        self.lm_head.weight.copy_(rows)
-        if parts.norm is not None:
-            self.norm.weight.copy_(parts.norm.weight)
 
     def draft_to_target(self) -> torch.Tensor | None:
         return None if self.draft_vocab_size is None else self.d2t
