@@ -7,11 +7,12 @@ from draftsmith.heads.base import Draft, Drafter, StopFn, drafter_class, registe
 from draftsmith.heads.distilled import DistilledHead
 from draftsmith.heads.draft_model import DraftModelDrafter
 from draftsmith.heads.eagle import EagleHead
-from draftsmith.heads.eagle3 import Eagle3Head, build_draft_vocab
+from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.medusa import MedusaHead
 from draftsmith.heads.mtp import MTPHead
 from draftsmith.heads.ngram import NgramDrafter
 from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.heads.vocab import build_draft_vocab
 
 __all__ = [
     "Draft",

@@ -72,9 +72,16 @@ class TargetParts:
         weight = self.embed.weight
         return self.embed(input_ids.to(weight.device)).to(dtype)
 
-    def logits(self, hidden: torch.Tensor, *, final_norm: bool = False) -> torch.Tensor:
+    def logits(
+        self,
+        hidden: torch.Tensor,
+        *,
+        final_norm: bool = False,
+        vocab: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """hidden (B, T, H) -> logits (B, T, V) through the target's LM head, after its final
-        norm when final_norm (for hidden states that have not been through it)."""
+        norm when final_norm (for hidden states that have not been through it). vocab (V_d,):
+        only those rows of the LM head, giving (B, T, V_d) (a reduced draft vocabulary)."""
         hidden = hidden.to(self.lm_head.weight.dtype)
         if final_norm:
             if self.norm is None:
@@ -83,7 +90,15 @@ class TargetParts:
                     "applies it before the shared LM head"
                 )
             hidden = self.norm(hidden)
-        return self.lm_head(hidden)
+        if vocab is None:
+            return self.lm_head(hidden)
+        vocab = vocab.to(hidden.device)
+        bias = self.lm_head.bias
+        return F.linear(
+            hidden,
+            self.lm_head.weight.index_select(0, vocab),
+            None if bias is None else bias.index_select(0, vocab),
+        )
 
 
 class SharesTargetParts:

@@ -15,8 +15,9 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.blocks import SharesTargetParts, TargetParts, seeded, text_config
-from draftsmith.heads.state import DraftBuilder, LaggedFeatures
+from draftsmith.heads.state import DraftBuilder, LaggedFeatures, to_target_vocab
 from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.heads.vocab import DraftVocabulary
 from draftsmith.sampling import SamplingParams
 
 
@@ -34,8 +35,9 @@ class ResBlock(nn.Module):
 
 
 @register_drafter("medusa")
-class MedusaHead(SharesTargetParts, DraftHead):
-    """K residual heads sharing the target's LM head.
+class MedusaHead(DraftVocabulary, SharesTargetParts, DraftHead):
+    """K residual heads sharing the target's LM head (its rows of the draft vocabulary when
+    `draft_vocab_size` is set: see `DraftVocabulary`).
 
     The target's `hidden_states[N]` is already the output of its final norm (transformers ties
     the last hidden state to it), so the shared final norm is part of the feature and each head's
@@ -45,13 +47,21 @@ class MedusaHead(SharesTargetParts, DraftHead):
 
     first_drafted_step = 1  # head 0 re-predicts the target's own next token
 
-    def __init__(self, target_config: PretrainedConfig, *, num_heads: int = 5, seed: int = 0):
+    def __init__(
+        self,
+        target_config: PretrainedConfig,
+        *,
+        num_heads: int = 5,
+        draft_vocab_size: int | None = None,
+        seed: int = 0,
+    ):
         super().__init__()
         if num_heads < 2:
             raise ValueError(
                 f"num_heads must be >= 2 (head 0 only repeats the target's token), got {num_heads}"
             )
         config = text_config(target_config)
+        self.init_draft_vocab(config.vocab_size, draft_vocab_size)
         self.num_heads, self.seed = num_heads, seed
         self.num_steps = num_heads
         self.target_feature_layers = (config.num_hidden_layers,)
@@ -64,12 +74,17 @@ class MedusaHead(SharesTargetParts, DraftHead):
         return cls(target_config, **hyper)
 
     def hyper_parameters(self) -> dict:
-        return {"num_heads": self.num_heads, "seed": self.seed}
+        return {
+            "num_heads": self.num_heads,
+            "draft_vocab_size": self.draft_vocab_size,
+            "seed": self.seed,
+        }
 
     def head_logits(self, features: torch.Tensor, k: int) -> torch.Tensor:
-        """features (B, T, H) -> head k's logits (B, T, V) of the token at t + 1 + k."""
+        """features (B, T, H) -> head k's logits (B, T, V_d) of the token at t + 1 + k."""
         head = self.heads[k]
-        return self.parts().logits(head(features.to(head.linear.weight)))
+        hidden = head(features.to(head.linear.weight))
+        return self.parts().logits(hidden, vocab=self.draft_to_target())
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         if batch.features is None:
@@ -89,6 +104,7 @@ class MedusaDrafter(Drafter):
         self.head = head.eval()
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
+        self._d2t = head.draft_to_target()
         self._features = LaggedFeatures(head.heads[0].linear.in_features)
 
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
@@ -109,7 +125,8 @@ class MedusaDrafter(Drafter):
             return Draft.empty()
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
         for k in range(1, self.head.num_heads):
-            builder.add(self.head.head_logits(feature, k)[0, -1])
+            logits = self.head.head_logits(feature, k)[0, -1].float()
+            builder.add(to_target_vocab(logits, self._d2t, self.vocab_size))
             if builder.done:
                 break
         return builder.draft()

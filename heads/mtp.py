@@ -28,8 +28,9 @@ from draftsmith.heads.blocks import (
     seeded,
     text_config,
 )
-from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache
+from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
 from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.heads.vocab import DraftVocabulary
 from draftsmith.sampling import SamplingParams
 
 
@@ -56,14 +57,23 @@ class MTPModule(nn.Module):
 
 
 @register_drafter("mtp")
-class MTPHead(SharesTargetParts, DraftHead):
-    """K chained MTP modules sharing the target's embeddings, final norm and LM head."""
+class MTPHead(DraftVocabulary, SharesTargetParts, DraftHead):
+    """K chained MTP modules sharing the target's embeddings, final norm and LM head (its rows
+    of the draft vocabulary when `draft_vocab_size` is set: see `DraftVocabulary`)."""
 
-    def __init__(self, target_config: PretrainedConfig, *, num_modules: int = 2, seed: int = 0):
+    def __init__(
+        self,
+        target_config: PretrainedConfig,
+        *,
+        num_modules: int = 2,
+        draft_vocab_size: int | None = None,
+        seed: int = 0,
+    ):
         super().__init__()
         if num_modules < 1:
             raise ValueError(f"num_modules must be >= 1, got {num_modules}")
         config = text_config(target_config)
+        self.init_draft_vocab(config.vocab_size, draft_vocab_size)
         self.num_modules, self.seed = num_modules, seed
         self.num_steps = num_modules
         self.hidden_size = config.hidden_size
@@ -77,7 +87,11 @@ class MTPHead(SharesTargetParts, DraftHead):
         return cls(target_config, **hyper)
 
     def hyper_parameters(self) -> dict:
-        return {"num_modules": self.num_modules, "seed": self.seed}
+        return {
+            "num_modules": self.num_modules,
+            "draft_vocab_size": self.draft_vocab_size,
+            "seed": self.seed,
+        }
 
     def run_depth(
         self,
@@ -96,8 +110,8 @@ class MTPHead(SharesTargetParts, DraftHead):
         return module(hidden.to(weight), embeds, positions, mask, cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, T, H) -> (B, T, V) through the target's final norm and LM head."""
-        return self.parts().logits(hidden, final_norm=True)
+        """(B, T, H) -> (B, T, V_d) through the target's final norm and LM head."""
+        return self.parts().logits(hidden, final_norm=True, vocab=self.draft_to_target())
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         if batch.features is None:
@@ -128,6 +142,7 @@ class MTPDrafter(Drafter):
         self.head = head.eval()
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
+        self._d2t = head.draft_to_target()
         self._committed: list[int] = []
         self._depths = [OwnCache() for _ in range(head.num_modules)]
         self._features = LaggedFeatures(head.hidden_size)
@@ -155,7 +170,8 @@ class MTPDrafter(Drafter):
                 break
             self._extend(k, sequence, newest)
             newest_out = own.outputs[newest : newest + 1][None]  # (1, 1, H)
-            sequence.append(builder.add(self.head.logits(newest_out)[0, -1].float()))
+            logits = self.head.logits(newest_out)[0, -1].float()
+            sequence.append(builder.add(to_target_vocab(logits, self._d2t, self.vocab_size)))
         self._features.release(len(self._depths[0]))
         return builder.draft()
 

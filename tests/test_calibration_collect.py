@@ -49,7 +49,7 @@ def test_drafter_without_confidence_is_a_clear_error(llama):
         collect_from_decoding(decoder, PROMPTS, max_new_tokens=8)
 
 
-@pytest.mark.parametrize("name", ["eagle3-reduced", "medusa"])
+@pytest.mark.parametrize("name", ["eagle3-reduced", "medusa", "mtp-reduced"])
 def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, name):
     """On the target's own greedy text a teacher-forced pass sees every context decoding sees,
     so each record of a real decoding run is among its records (same draft position, same

@@ -15,7 +15,9 @@ from draftsmith.sampling import SamplingParams
 
 HEADS = {
     "medusa": ("medusa", {"num_heads": 4}),
+    "medusa-reduced": ("medusa", {"num_heads": 3, "draft_vocab_size": 64}),
     "mtp": ("mtp", {"num_modules": 3}),
+    "mtp-reduced": ("mtp", {"num_modules": 2, "draft_vocab_size": 64}),
     "eagle": ("eagle", {"num_steps": 2}),
     "eagle3": ("eagle3", {"num_steps": 3, "feature_layers": [0, 1, 2]}),
     "eagle3-reduced": ("eagle3", {"num_steps": 2, "draft_vocab_size": 64}),
@@ -142,7 +144,9 @@ def test_initialisation_is_a_function_of_the_hyper_parameters(name, llama):
 # target feature at t + offset (None: no features).
 READS = {
     "medusa": (None, 0),
+    "medusa-reduced": (None, 0),
     "mtp": (0, -1),
+    "mtp-reduced": (0, -1),
     "eagle": (0, -1),
     "eagle3": (0, -1),
     "eagle3-reduced": (0, -1),
@@ -225,9 +229,10 @@ def test_drafting_computes_what_training_scored(name, llama):
     step_logits = head.forward_train(target_batch(llama, head, sequence))
     d2t = head.draft_to_target()
     newest = prompt.numel() - 1
-    steps = head.num_steps - 1 if name == "medusa" else head.num_steps
+    medusa = head.kind == "medusa"
+    steps = head.num_steps - 1 if medusa else head.num_steps
     for j in range(min(len(draft), steps)):
-        step, row = (j + 1, newest - 1) if name == "medusa" else (j, newest)
+        step, row = (j + 1, newest - 1) if medusa else (j, newest)
         expected = step_logits[step][0, row]
         got = draft.logits[j] if d2t is None else draft.logits[j, d2t]
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
@@ -322,7 +327,8 @@ def test_stop_callback_and_draft_caps(name, llama):
 
     assert len(drafter.propose(6, SamplingParams(), stop=stop)) == 2
     assert seen == [(0, (256,)), (1, (256,))]
-    cap = {"medusa": 3, "mtp": 3}.get(name, 6)  # K - 1 Medusa heads after head 0, K MTP modules
+    cap = {"medusa": head.num_steps - 1, "mtp": head.num_steps}.get(head.kind, 6)  # K - 1 Medusa
+    # heads after head 0, K MTP modules
     assert len(drafter.propose(6, SamplingParams())) == cap
     assert len(drafter.propose(0, SamplingParams())) == 0
 
@@ -350,8 +356,27 @@ def test_set_draft_vocab_rejects_maps_that_are_not_inverse(llama):
     assert torch.equal(head.draft_to_target(), d2t)
 
 
-def test_reduced_vocab_puts_q_on_the_target_vocabulary(trained):
-    target, head = trained("eagle3-reduced")
+@pytest.mark.parametrize("name", ["medusa-reduced", "mtp-reduced"])
+def test_shared_lm_head_heads_score_the_draft_vocabulary_rows(name, llama):
+    """A head sharing the target's LM head over a reduced vocabulary gives exactly the full head's
+    logits at the draft vocabulary's target ids."""
+    reduced = build_head(name, llama)
+    d2t, t2d = build_draft_vocab(torch.arange(256), REDUCED_VOCAB)  # ids 192 .. 255
+    reduced.set_draft_vocab(d2t, t2d)
+    kind, hyper = HEADS[name]
+    full = drafter_class(kind).from_target_config(
+        llama.config, **{**hyper, "draft_vocab_size": None}
+    )
+    full.bind_target(llama)
+    input_ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
+    batch = target_batch(llama, full, input_ids)
+    for got, expected in zip(reduced.forward_train(batch), full.forward_train(batch), strict=True):
+        torch.testing.assert_close(got, expected[..., d2t])
+
+
+@pytest.mark.parametrize("name", ["eagle3-reduced", "medusa-reduced", "mtp-reduced"])
+def test_reduced_vocab_puts_q_on_the_target_vocabulary(name, trained):
+    target, head = trained(name)
     d2t = head.draft_to_target()
     outside = torch.ones(256, dtype=torch.bool)
     outside[d2t] = False
