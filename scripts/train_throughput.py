@@ -5,7 +5,7 @@
 Each recipe of `recipes/<target>/` trains `--steps` optimizer steps under `accelerate launch`
 (two processes by default), first with the frozen target in the loop, then from a feature cache
 of the same rows. Kinds reading the same layers share one cache, written by the first cached
-run; its write rate is reported once (the cache's shards are 256 rows, so a cache of fewer rows
+run; its write rate is reported once (the cache's shards are 64 rows, so a cache of fewer rows
 is written by one process). Tokens/s exclude start-up, evaluation and cache writing
 (the trainer's own count). Run it on a quiet machine: the runs take turns, and any other job
 changes the ratios.
