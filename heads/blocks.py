@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,8 @@ class TargetParts:
     """Hidden (B, T, H) -> logits (B, T, V)."""
     norm: nn.Module | None
     """The final norm before the LM head, where the architecture exposes one."""
+    _rows: tuple | None = field(default=None, repr=False)
+    """(key, (weight, bias)) of the last draft vocabulary's LM head rows."""
 
     @classmethod
     def of(cls, target: PreTrainedModel) -> TargetParts:
@@ -92,13 +94,25 @@ class TargetParts:
             hidden = self.norm(hidden)
         if vocab is None:
             return self.lm_head(hidden)
-        vocab = vocab.to(hidden.device)
-        bias = self.lm_head.bias
-        return F.linear(
-            hidden,
-            self.lm_head.weight.index_select(0, vocab),
-            None if bias is None else bias.index_select(0, vocab),
-        )
+        return F.linear(hidden, *self._lm_head_rows(vocab))
+
+    def _lm_head_rows(self, vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The LM head's weight (V_d, H) and bias rows of vocab (V_d,), kept while vocab and the
+        head are unchanged: gathering them costs as much as the full LM head, once per draft
+        token otherwise."""
+        weight, bias = self.lm_head.weight, self.lm_head.bias
+        # Rows gathered under inference_mode cannot enter autograd: a switch back to training
+        # gathers them again.
+        inference = torch.is_inference_mode_enabled()
+        key = (vocab.data_ptr(), vocab._version, weight.data_ptr(), weight._version, inference)
+        if self._rows is None or self._rows[0] != key:
+            index = vocab.to(weight.device)
+            rows = (
+                weight.index_select(0, index),
+                None if bias is None else bias.index_select(0, index),
+            )
+            self._rows = (key, rows)
+        return self._rows[1]
 
 
 class SharesTargetParts:

@@ -361,8 +361,6 @@ def test_shared_lm_head_heads_score_the_draft_vocabulary_rows(name, llama):
     """A head sharing the target's LM head over a reduced vocabulary gives exactly the full head's
     logits at the draft vocabulary's target ids."""
     reduced = build_head(name, llama)
-    d2t, t2d = build_draft_vocab(torch.arange(256), REDUCED_VOCAB)  # ids 192 .. 255
-    reduced.set_draft_vocab(d2t, t2d)
     kind, hyper = HEADS[name]
     full = drafter_class(kind).from_target_config(
         llama.config, **{**hyper, "draft_vocab_size": None}
@@ -370,8 +368,17 @@ def test_shared_lm_head_heads_score_the_draft_vocabulary_rows(name, llama):
     full.bind_target(llama)
     input_ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
     batch = target_batch(llama, full, input_ids)
-    for got, expected in zip(reduced.forward_train(batch), full.forward_train(batch), strict=True):
+    reduced.forward_train(batch)  # gathers (and keeps) the placeholder vocabulary's rows
+    d2t, t2d = build_draft_vocab(torch.arange(256), REDUCED_VOCAB)  # ids 192 .. 255
+    reduced.set_draft_vocab(d2t, t2d)
+    with torch.inference_mode():  # as drafting does: training afterwards must still backpropagate
+        step_logits = reduced.forward_train(batch)
+    for got, expected in zip(step_logits, full.forward_train(batch), strict=True):
         torch.testing.assert_close(got, expected[..., d2t])
+    sum(logits.sum() for logits in reduced.forward_train(batch)).backward()
+    reduced.set_draft_vocab(*build_draft_vocab(-torch.arange(256), REDUCED_VOCAB))  # ids 0 .. 63
+    for got, expected in zip(reduced.forward_train(batch), full.forward_train(batch), strict=True):
+        torch.testing.assert_close(got, expected[..., :REDUCED_VOCAB])
 
 
 @pytest.mark.parametrize("name", ["eagle3-reduced", "medusa-reduced", "mtp-reduced"])
