@@ -38,7 +38,7 @@ from draftsmith.calibration.metrics import (
     mce,
     nll,
 )
-from draftsmith.calibration.signals import (
+from draftsmith.core.signals import (
     PROBABILITY_SIGNALS,
     SIGNAL_NAMES,
     check_logits,

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from draftsmith.calibration.metrics import EPS, nll
-from draftsmith.calibration.signals import (
+from draftsmith.core.signals import (
     PROBABILITY_SIGNALS,
     SIGNAL_NAMES,
     check_logits,

@@ -18,7 +18,7 @@ Two ways to get them:
   tokens per second. Step k of the chain at position t is recorded when the head's steps before
   it drafted the target's argmax *and* the text continues with those same tokens: then the head
   saw exactly the context greedy decoding would give it, and the record equals a decoding one.
-  On text the target wrote itself under greedy decoding (`draftsmith.train.regenerate`) every
+  On text the target wrote itself under greedy decoding (`draftsmith.data.regenerate`) every
   chain qualifies; on other text, chains are cut where text and target part. `accept_prob` is
   the expectation over the draft token, sum_x min(p(x), q(x)), which has the same mean given the
   signals as min(1, p(x) / q(x)) with less noise; under sampling the chain condition (greedy
@@ -35,10 +35,11 @@ from datasets import Dataset
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from draftsmith.calibration.signals import SIGNAL_NAMES, confidence_signals
+from draftsmith.core.sampling import SamplingParams, probabilities
+from draftsmith.core.signals import SIGNAL_NAMES, confidence_signals
+from draftsmith.core.target import Target, TargetBatch
 from draftsmith.decoding import RoundRecord, SpeculativeDecoder
-from draftsmith.heads.trainable import DraftHead, TargetBatch, target_batch
-from draftsmith.sampling import SamplingParams, probabilities
+from draftsmith.heads.trainable import DraftHead
 
 OUTCOME_COLUMNS = ("accepted", "accept_prob")
 
@@ -186,7 +187,7 @@ def collect_teacher_forced(
     for first in tqdm(range(0, len(documents), batch_size), desc="collect (teacher-forced)"):
         group = documents[first : first + batch_size]
         ids, loss_mask = _right_padded(group)
-        batch = target_batch(target, ids.to(target.device), loss_mask, layers)
+        batch = Target(target, layers).batch(ids.to(target.device), loss_mask)
         steps = torch.stack(head.forward_train(batch), dim=2)  # (B, T, K, V_d)
         # The draft after position t comes from row t - s, steps s .. K-1.
         steps = steps[:, :, shift:].roll(shift, dims=1)  # rows t < s wrap around: never kept

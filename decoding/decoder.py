@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from draftsmith.core.sampling import SamplingParams, probabilities
+from draftsmith.core.target import Target
 from draftsmith.decoding.policy import DraftLengthPolicy
-from draftsmith.decoding.target import TargetRunner
 from draftsmith.decoding.verify import verify_greedy, verify_sampling
 from draftsmith.heads.base import Draft, Drafter
-from draftsmith.sampling import SamplingParams, probabilities
 
 
 @dataclass
@@ -138,18 +138,16 @@ class SpeculativeDecoder:
         stats = GenerationStats()
         started = time.perf_counter()
 
-        target = TargetRunner(self.target, self.drafter.target_feature_layers)
-        features = target.forward(prompt[:-1])[1] if prompt.numel() > 1 else None
+        target = Target(self.target, self.drafter.target_feature_layers)
+        features = target.extend(prompt[:-1])[1] if prompt.numel() > 1 else None
         self.drafter.start(prompt, features)
         last_token = int(prompt[-1])
         generated: list[int] = []
         while len(generated) < max_new_tokens:
             # A round emits at most draft + 1 tokens: draft no more than the budget left needs.
-            budget = min(self.policy.max_tokens, max_new_tokens - len(generated) - 1)
-            draft = self.drafter.propose(
-                budget, sampling, generator, self.policy.stop_fn(self.drafter)
-            )
-            logits, features = target.forward(torch.cat([torch.tensor([last_token]), draft.tokens]))
+            budget = min(self.policy.max_draft_tokens, max_new_tokens - len(generated) - 1)
+            draft = self.drafter.propose(budget, sampling, generator, self.policy.stop_fn())
+            logits, features = target.extend(torch.cat([torch.tensor([last_token]), draft.tokens]))
             n_accepted, next_token = self._verify(logits, draft, sampling, generator)
             stats.record_round(len(draft), n_accepted)
             if on_round is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.sampling import sample
+from draftsmith.core.sampling import sample
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int]:

@@ -1,19 +1,23 @@
-"""draftsmith: train, calibrate and run speculative-decoding drafters on a frozen target."""
+"""draftsmith: train, calibrate and run speculative-decoding drafters on a frozen target.
+
+The public API, at the top of the layers (see the README's layout table). Its names import on
+first use, so `draftsmith --help` does not pay for torch.
+"""
 
 from importlib import import_module
+from importlib.metadata import version
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = version("draftsmith")
 
-# Lazy exports: the subpackages import from draftsmith's core modules, so importing them here
-# eagerly would be circular (and would make `import draftsmith` pull in torch for the CLI help).
 _EXPORTS = {
     "SpeculativeDecoder": "draftsmith.decoding",
     "DraftLengthPolicy": "draftsmith.decoding",
     "Drafter": "draftsmith.heads",
-    "fetch_model": "draftsmith.zoo",
+    "fetch_model": "draftsmith.core.zoo",
+    "load_acceptance_model": "draftsmith.artifact",
     "load_drafter": "draftsmith.artifact",
-    "load_model": "draftsmith.models",
+    "load_model": "draftsmith.core.models",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -23,6 +23,7 @@ import re
 import shutil
 import uuid
 import warnings
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from draftsmith import __version__
+from draftsmith.calibration import Calibrator
 from draftsmith.heads import Drafter, drafter_class
 from draftsmith.heads.trainable import DraftHead
 
 logger = logging.getLogger(__name__)
+
+__version__ = version("draftsmith")
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -258,17 +261,17 @@ def load_drafter(
     Raises a ValueError naming the problem and its fix when the artifact is incomplete or
     corrupt, from a newer draftsmith, of an unknown kind, made for another target, holds missing,
     unexpected, misshapen or non-finite tensors, or was never trained (every parameter equal to
-    the head's seeded initialisation; `allow_untrained=True` turns that into a warning). A
-    calibration.json beside it is attached as the drafter's `calibrator`, so
-    `drafter.acceptance_prob(signals)` is calibrated.
+    the head's seeded initialisation; `allow_untrained=True` turns that into a warning). The
+    drafter knows nothing of calibration: `load_acceptance_model` reads that, for the policy.
     """
-    path = Path(path)
-    drafter = load_head(path, target, allow_untrained=allow_untrained).as_drafter(target)
-    if (path / CALIBRATION_FILE).is_file():
-        from draftsmith.calibration import Calibrator
+    return load_head(path, target, allow_untrained=allow_untrained).as_drafter(target)
 
-        drafter.calibrator = Calibrator.load(path / CALIBRATION_FILE)
-    return drafter
+
+def load_acceptance_model(path: str | os.PathLike) -> Calibrator | None:
+    """The calibrator fitted on held-out data (the artifact's calibration.json), to hand to the
+    draft policy as its acceptance model; None when the artifact is not calibrated."""
+    file = Path(path) / CALIBRATION_FILE
+    return Calibrator.load(file) if file.is_file() else None
 
 
 def load_head(

@@ -11,7 +11,7 @@ from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.medusa import MedusaHead
 from draftsmith.heads.mtp import MTPHead
 from draftsmith.heads.ngram import NgramDrafter
-from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.heads.trainable import DraftHead, build_head, fit_draft_vocab
 from draftsmith.heads.vocab import build_draft_vocab
 
 __all__ = [
@@ -26,8 +26,9 @@ __all__ = [
     "MedusaHead",
     "NgramDrafter",
     "StopFn",
-    "TargetBatch",
     "build_draft_vocab",
+    "build_head",
     "drafter_class",
+    "fit_draft_vocab",
     "register_drafter",
 ]

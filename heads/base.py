@@ -10,22 +10,16 @@ for every position it has run, and it has run every committed token except the n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import torch
 
-from draftsmith.sampling import SamplingParams
+from draftsmith.core.sampling import SamplingParams
 
 StopFn = Callable[[int, torch.Tensor], bool]
 """stop(position, draft_logits (V,)) -> True to end the draft after the token just proposed."""
-
-
-class AcceptanceCalibrator(Protocol):
-    """What a drafter needs of a fitted calibrator (`draftsmith.calibration.Calibrator`)."""
-
-    def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor: ...
 
 
 @dataclass
@@ -56,15 +50,6 @@ class Drafter(ABC):
     """Size of the token space the drafter proposes from; None if it only copies token ids."""
     target_feature_layers: tuple[int, ...] = ()
     """Indices into the target's `hidden_states` output that this drafter reads (empty: none)."""
-    calibrator: AcceptanceCalibrator | None = None
-    """Fitted on held-out data (an artifact's calibration.json); None: raw confidence."""
-
-    def acceptance_prob(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """P(the target accepts each drafted token) (k,) from `confidence_signals` output:
-        calibrated when a calibrator is attached, else the raw top-1 probability."""
-        if self.calibrator is None:
-            return signals["top1_prob"]
-        return self.calibrator.predict_signals(signals)
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
@@ -76,12 +61,12 @@ class Drafter(ABC):
     @abstractmethod
     def propose(
         self,
-        max_tokens: int,
+        max_draft_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
     ) -> Draft:
-        """Propose up to max_tokens tokens after the committed sequence.
+        """Propose up to max_draft_tokens tokens after the committed sequence.
 
         Under sampling the tokens must be drawn from the returned `probs` (or be deterministic with
         `probs=None`), or the verification would not preserve the target's distribution.

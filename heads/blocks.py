@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 
-from draftsmith.cache import cache_argument
+from draftsmith.core.cache import cache_argument
 
 
 @contextlib.contextmanager

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import seeded, text_config
 from draftsmith.heads.draft_model import DraftModelDrafter
-from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.heads.trainable import DraftHead
 
 INITS = ("from_target", "sibling")
 _LAYER = re.compile(r"\blayers\.(\d+)\.")
@@ -100,7 +101,7 @@ class DistilledHead(DraftHead):
                 config = AutoConfig.for_model(**draft_config)
                 draft = AutoModelForCausalLM.from_config(config)
             elif init == "sibling":
-                from draftsmith.models import load_model
+                from draftsmith.core.models import load_model
 
                 draft = load_model(model)[0].float()
             else:

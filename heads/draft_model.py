@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from draftsmith.cache import cache_argument
+from draftsmith.core.cache import cache_argument
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.state import DraftBuilder, OwnCache
-from draftsmith.sampling import SamplingParams
 
 
 @register_drafter("draft-model")
@@ -43,12 +43,12 @@ class DraftModelDrafter(Drafter):
     @torch.inference_mode()
     def propose(
         self,
-        max_tokens: int,
+        max_draft_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
     ) -> Draft:
-        builder = DraftBuilder(max_tokens, sampling, generator, stop)
+        builder = DraftBuilder(max_draft_tokens, sampling, generator, stop)
         # Rows of an uncommitted earlier draft go; the newest token is rerun for its logits.
         self._own.keep(min(self._own.agreeing(self._committed), len(self._committed) - 1))
         pending = self._committed[len(self._own) :]

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
+from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.blocks import (
     DecoderBlock,
@@ -27,8 +29,7 @@ from draftsmith.heads.blocks import (
     text_config,
 )
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
-from draftsmith.heads.trainable import DraftHead, TargetBatch
-from draftsmith.sampling import SamplingParams
+from draftsmith.heads.trainable import DraftHead
 
 
 def unrolled_mask(rows: int, step: int) -> torch.Tensor:
@@ -216,12 +217,12 @@ class FeatureDrafter(Drafter):
     @torch.inference_mode()
     def propose(
         self,
-        max_tokens: int,
+        max_draft_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
     ) -> Draft:
-        builder = DraftBuilder(max_tokens, sampling, generator, stop)
+        builder = DraftBuilder(max_draft_tokens, sampling, generator, stop)
         if builder.done:
             return Draft.empty()
         hidden = self._catch_up()

@@ -13,12 +13,13 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.blocks import SharesTargetParts, TargetParts, seeded, text_config
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, to_target_vocab
-from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.heads.trainable import DraftHead
 from draftsmith.heads.vocab import DraftVocabulary
-from draftsmith.sampling import SamplingParams
 
 
 class ResBlock(nn.Module):
@@ -114,13 +115,15 @@ class MedusaDrafter(Drafter):
     @torch.inference_mode()
     def propose(
         self,
-        max_tokens: int,
+        max_draft_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
     ) -> Draft:
         newest = len(self._features) - 1
-        builder = DraftBuilder(min(max_tokens, self.head.num_heads - 1), sampling, generator, stop)
+        builder = DraftBuilder(
+            min(max_draft_tokens, self.head.num_heads - 1), sampling, generator, stop
+        )
         if builder.done or newest == 0:  # a one-token prompt: no feature to read yet
             return Draft.empty()
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.blocks import (
     DecoderBlock,
@@ -29,9 +31,8 @@ from draftsmith.heads.blocks import (
     text_config,
 )
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
-from draftsmith.heads.trainable import DraftHead, TargetBatch
+from draftsmith.heads.trainable import DraftHead
 from draftsmith.heads.vocab import DraftVocabulary
-from draftsmith.sampling import SamplingParams
 
 
 class MTPModule(nn.Module):
@@ -156,12 +157,14 @@ class MTPDrafter(Drafter):
     @torch.inference_mode()
     def propose(
         self,
-        max_tokens: int,
+        max_draft_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
     ) -> Draft:
-        builder = DraftBuilder(min(max_tokens, self.head.num_modules), sampling, generator, stop)
+        builder = DraftBuilder(
+            min(max_draft_tokens, self.head.num_modules), sampling, generator, stop
+        )
         self._drop_uncommitted()  # rows built on an earlier, uncommitted draft
         sequence = list(self._committed)  # grows by each drafted token
         newest = len(self._committed) - 1

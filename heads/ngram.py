@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
-from draftsmith.sampling import SamplingParams
 
 
 @register_drafter("ngram")
@@ -29,7 +29,7 @@ class NgramDrafter(Drafter):
 
     def propose(
         self,
-        max_tokens: int,
+        max_draft_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
@@ -40,7 +40,7 @@ class NgramDrafter(Drafter):
             # Most recent earlier occurrence whose continuation is not the suffix itself.
             for start in range(len(seq) - n - 1, -1, -1):
                 if seq[start : start + n] == suffix:
-                    follow = seq[start + n : start + n + max_tokens]
+                    follow = seq[start + n : start + n + max_draft_tokens]
                     return Draft(tokens=torch.tensor(follow, dtype=torch.long))
         return Draft.empty()
 

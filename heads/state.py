@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from draftsmith.cache import crop_cache
+from draftsmith.core.cache import crop_cache
+from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.heads.base import Draft, StopFn
-from draftsmith.sampling import SamplingParams, probabilities, sample
 
 
 class OwnCache:
@@ -118,12 +118,12 @@ class DraftBuilder:
 
     def __init__(
         self,
-        max_tokens: int,
+        max_draft_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
         stop: StopFn | None,
     ) -> None:
-        self.max_tokens = max_tokens
+        self.max_draft_tokens = max_draft_tokens
         self.sampling = sampling
         self.generator = generator
         self.stop = stop
@@ -135,7 +135,7 @@ class DraftBuilder:
     @property
     def done(self) -> bool:
         """True once the draft is full or the stop callback ended it."""
-        return self._stopped or len(self.tokens) >= self.max_tokens
+        return self._stopped or len(self.tokens) >= self.max_draft_tokens
 
     def add(self, logits: torch.Tensor) -> int:
         """Choose the next token from its raw logits (V,) over the target vocabulary."""

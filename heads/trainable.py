@@ -14,73 +14,15 @@ the sequence are ignored by the objective.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from draftsmith.heads.base import Drafter
-
-
-@dataclass
-class TargetBatch:
-    """What the frozen target provides for one training batch."""
-
-    input_ids: torch.Tensor
-    """(B, T) int64 token ids."""
-    loss_mask: torch.Tensor
-    """(B, T) bool/0-1: positions whose next-token prediction is trained on."""
-    features: torch.Tensor | None
-    """(B, T, F) the target hidden states the head reads (its `target_feature_layers`,
-    concatenated along the last dim), or None for heads that read none (draft models)."""
-    target_logits: torch.Tensor
-    """(B, T, V) the target's next-token logits at every position."""
-
-
-def next_token_mask(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Data mask -> `TargetBatch.loss_mask`.
-
-    loss_mask (B, T): 1 where the token at t is a training target (the data pipeline's
-    convention). Returns (B, T) bool: True where the prediction made *at* t (of token t + 1)
-    is trained on; the last position predicts past the row and is False.
-    """
-    shifted = torch.zeros_like(loss_mask, dtype=torch.bool)
-    shifted[:, :-1] = loss_mask[:, 1:].bool()
-    return shifted
-
-
-@torch.no_grad()
-def target_forward(
-    target: PreTrainedModel, input_ids: torch.Tensor, layers: tuple[int, ...]
-) -> tuple[torch.Tensor | None, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """One frozen forward of the target.
-
-    input_ids (B, T). Returns features (B, T, len(layers) * H) (None without layers), logits
-    (B, T, V), and all hidden states (N + 1 tensors (B, T, H); empty without layers).
-    """
-    out = target(input_ids=input_ids, output_hidden_states=bool(layers), use_cache=False)
-    hidden = tuple(out.hidden_states) if layers else ()
-    features = torch.cat([hidden[i] for i in layers], dim=-1) if layers else None
-    return features, out.logits, hidden
-
-
-@torch.no_grad()
-def target_batch(
-    target: PreTrainedModel,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    layers: tuple[int, ...],
-) -> TargetBatch:
-    """The `TargetBatch` of rows input_ids (B, T) with data mask loss_mask (B, T) (the data
-    pipeline's convention, see `next_token_mask`): one frozen forward of the target."""
-    features, logits, _ = target_forward(target, input_ids, layers)
-    return TargetBatch(
-        input_ids=input_ids,
-        loss_mask=next_token_mask(loss_mask).to(input_ids.device),
-        features=features,
-        target_logits=logits,
-    )
+from draftsmith.core.target import TargetBatch
+from draftsmith.heads.base import Drafter, drafter_class
+from draftsmith.heads.vocab import build_draft_vocab
 
 
 class DraftHead(nn.Module, ABC):
@@ -136,3 +78,35 @@ class DraftHead(nn.Module, ABC):
         """(V_draft,) int64 map from draft-vocabulary ids to target ids, or None when the head
         predicts over the full target vocabulary."""
         return None
+
+
+def build_head(kind: str, target: PreTrainedModel, head_args: dict[str, Any]) -> DraftHead:
+    """A freshly initialised head of `kind` sized for `target`, bound to its shared modules,
+    in float32 (the master weights; `mixed_precision` autocasts the compute), whatever the
+    precision of the target's config it was built from."""
+    try:
+        cls = drafter_class(kind)
+    except KeyError as error:
+        raise ValueError(str(error.args[0])) from None
+    if not issubclass(cls, DraftHead):
+        raise ValueError(f"drafter kind {kind!r} has nothing to train (it is not a DraftHead)")
+    try:
+        head = cls.from_target_config(target.config, **head_args)
+    except TypeError as error:
+        raise ValueError(f"head_args {head_args} do not fit head kind {kind!r}: {error}") from error
+    head.bind_target(target)
+    return head.float()
+
+
+def fit_draft_vocab(
+    head: DraftHead, input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int
+) -> None:
+    """Give a head with a reduced vocabulary the tokens most frequent among the training
+    targets (input_ids, loss_mask (N, T)); heads over the full vocabulary are left alone."""
+    d2t = head.draft_to_target()
+    if d2t is None:
+        return
+    if not hasattr(head, "set_draft_vocab"):
+        raise TypeError(f"{type(head).__name__} has a reduced vocabulary but no set_draft_vocab")
+    counts = torch.bincount(input_ids[loss_mask.bool()].long(), minlength=vocab_size)
+    head.set_draft_vocab(*build_draft_vocab(counts, d2t.numel()))

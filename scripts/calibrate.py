@@ -5,7 +5,7 @@ python scripts/calibrate.py runs/quickstart/drafter --target smollm2-135m --data
 
 import argparse
 
-from draftsmith.calibrate_command import add_calibrate_arguments, run_calibrate
+from draftsmith.commands.calibrate import add_calibrate_arguments, run_calibrate
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)

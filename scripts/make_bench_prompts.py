@@ -36,14 +36,14 @@ from typing import TypeVar
 
 from transformers import AutoTokenizer
 
-from draftsmith.train.corpora import (
+from draftsmith.core.zoo import fetch_model
+from draftsmith.data.corpora import (
     chitchat_conversations,
     read_python_source,
     stdlib_files,
     stdlib_root,
 )
-from draftsmith.train.data import HELDOUT_FRACTION, document_split, stdlib_split
-from draftsmith.zoo import fetch_model
+from draftsmith.data.documents import HELDOUT_FRACTION, document_split, stdlib_split
 
 OUT = Path(__file__).resolve().parents[1] / "draftsmith" / "data" / "bench_prompts.jsonl"
 TOKENIZER = "qwen2.5-coder-0.5b"

@@ -7,7 +7,7 @@
 
 import logging
 
-from draftsmith.train.trainer import main
+from draftsmith.commands.train import main
 
 if __name__ == "__main__":
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")

@@ -14,8 +14,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.heads.base import Draft, Drafter
-from draftsmith.sampling import SamplingParams, probabilities
 
 torch.set_num_threads(2)
 
@@ -117,8 +117,10 @@ class TableDrafter(Drafter):
     def start(self, prompt_ids, target_features=None) -> None:
         pass
 
-    def propose(self, max_tokens, sampling: SamplingParams, generator=None, stop=None) -> Draft:
-        logits = self.logits[:max_tokens]
+    def propose(
+        self, max_draft_tokens, sampling: SamplingParams, generator=None, stop=None
+    ) -> Draft:
+        logits = self.logits[:max_draft_tokens]
         probs = probabilities(logits, sampling)
         if sampling.greedy:
             tokens = logits.argmax(-1)
@@ -143,8 +145,8 @@ class OracleDrafter(Drafter):
     def start(self, prompt_ids, target_features=None) -> None:
         self.committed = 0
 
-    def propose(self, max_tokens, sampling, generator=None, stop=None) -> Draft:
-        upcoming = self.reference[self.committed : self.committed + max_tokens]
+    def propose(self, max_draft_tokens, sampling, generator=None, stop=None) -> Draft:
+        upcoming = self.reference[self.committed : self.committed + max_draft_tokens]
         tokens = [
             t if i < self.correct else (t + 1) % self.vocab_size for i, t in enumerate(upcoming)
         ]
@@ -166,3 +168,13 @@ def byte_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared machine the hand-offs
+    between threads cost more than the arithmetic."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+from head_helpers import HEADS, build_head, fit, target_batch
 from safetensors.torch import load_file, save_file
-from test_heads import HEADS, build_head, fit, one_thread, target_batch  # noqa: F401
 
-from draftsmith import DraftLengthPolicy, SpeculativeDecoder, load_drafter
+from draftsmith import DraftLengthPolicy, SpeculativeDecoder, load_acceptance_model, load_drafter
 from draftsmith.artifact import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -22,10 +22,10 @@ from draftsmith.artifact import (
     target_fingerprint,
 )
 from draftsmith.calibration import PlattScaling, confidence_signals
+from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.decoding.benchmark import Aggregate, PromptResult, PromptRun, format_table
 from draftsmith.decoding.decoder import GenerationStats
-from draftsmith.drafter_spec import build_drafter
-from draftsmith.sampling import SamplingParams
 
 TRAINING = {"recipe": {"data": {"name": "tiny"}}, "steps": 5, "metrics": {"top1": 0.5}}
 
@@ -77,7 +77,7 @@ def test_round_trip_gives_the_same_drafts(name, artifacts, target):
         assert torch.equal(a.tokens, b.tokens)
         torch.testing.assert_close(a.logits, b.logits)
     prompt = torch.tensor([5, 6, 7])
-    policy = DraftLengthPolicy(max_tokens=3)
+    policy = DraftLengthPolicy(max_draft_tokens=3)
     expected = SpeculativeDecoder(target, original, policy=policy).generate(prompt, 16)
     got = SpeculativeDecoder(target, loaded, policy=policy).generate(prompt, 16)
     assert got.tokens == expected.tokens
@@ -249,21 +249,21 @@ def test_untrained_head_is_refused_unless_allowed(target, tmp_path, dtype):
 # -- calibration and the command-line spec --------------------------------------------------------
 
 
-def test_calibration_beside_the_artifact_is_attached(artifact, target):
+def test_calibration_beside_the_artifact_becomes_the_policy_acceptance_model(artifact, target):
     draft_logits = torch.randn(6, 256, generator=torch.Generator().manual_seed(0))
     signals = confidence_signals(draft_logits)
-    raw = load_drafter(artifact, target)
-    assert raw.calibrator is None
+    assert load_acceptance_model(artifact) is None
+    raw = DraftLengthPolicy(acceptance=load_acceptance_model(artifact))
     torch.testing.assert_close(raw.acceptance_prob(signals), signals["top1_prob"])
 
     rng = np.random.default_rng(0)
     calibrator = PlattScaling().fit(rng.uniform(size=200), rng.uniform(size=200) < 0.3)
     calibrator.save(artifact)
-    drafter = load_drafter(artifact, target)
-    assert drafter.calibrator is not None
+    policy = DraftLengthPolicy(acceptance=load_acceptance_model(artifact))
     expected = calibrator.predict_signals(signals)
-    torch.testing.assert_close(drafter.acceptance_prob(signals), expected)
+    torch.testing.assert_close(policy.acceptance_prob(signals), expected)
     assert not torch.allclose(expected, signals["top1_prob"])
+    assert build_drafter(f"artifact:{artifact}", target, tokenizer=None).acceptance is not None
 
 
 def test_artifact_spec_builds_a_drafter_without_a_hugging_face_counterpart(artifact, target):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import perturbed_copy
 
-from draftsmith.cli import bundled_prompts
+from draftsmith.commands.cli import bundled_prompts
 from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
 from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts, rounding_tolerance
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
@@ -28,7 +28,7 @@ def test_report_has_every_key_and_greedy_identity(llama, byte_tokenizer, kind):
     else:
         drafter, assist = NgramDrafter(), {"prompt_lookup_num_tokens": 4}
     decoder = SpeculativeDecoder(
-        llama, drafter, byte_tokenizer, policy=DraftLengthPolicy(max_tokens=4)
+        llama, drafter, byte_tokenizer, policy=DraftLengthPolicy(max_draft_tokens=4)
     )
     report = Benchmark(llama, byte_tokenizer, decoder, assist, max_new_tokens=10).run(PROMPTS)
     assert set(report["workloads"]) == {"code", "prose"}

@@ -7,10 +7,10 @@ import json
 
 import pytest
 from conftest import tiny_model
-from test_heads import build_head, fit
+from head_helpers import build_head, fit
 
 from draftsmith.artifact import save_artifact
-from draftsmith.cli import main
+from draftsmith.commands.cli import main
 
 
 @pytest.mark.parametrize("collect", ["teacher-forced", "decode"])

@@ -27,7 +27,7 @@ def test_calibration_json_and_report_are_written(llama, tmp_path, temperature):
     decoder = SpeculativeDecoder(
         llama,
         DraftModelDrafter(perturbed_copy(llama, 0.05)),
-        policy=DraftLengthPolicy(max_tokens=4),
+        policy=DraftLengthPolicy(max_draft_tokens=4),
     )
     config = CalibrateConfig(method="platt", temperature=temperature, max_new_tokens=12)
     payload = calibrate_decoder(decoder, PROMPTS, tmp_path, config, metadata={"target": "tiny"})

@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftsmith.train.config import (
+from draftsmith.core.config import (
     ConfigError,
-    TrainConfig,
     apply_overrides,
     config_help,
     config_to_dict,
-    load_config,
     save_config,
 )
-from draftsmith.train.data import DataConfig
+from draftsmith.data.documents import DataConfig
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import load_train_config as load_config
 from draftsmith.train.objectives import ObjectiveConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_saved_config_loads_back_equal(tmp_path):
 
 
 def test_help_lists_every_key_with_its_docstring():
-    text = config_help()
+    text = config_help(TrainConfig)
     assert "  data.seq_len = 2048: Tokens per packed row." in text
     assert "  objective.divergence = 'forward_kl': forward_kl (soft labels, EAGLE-3)" in text
     assert "  max_steps (required): Optimizer steps" in text

@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from draftsmith.train import corpora
-from draftsmith.train.data import (
+from draftsmith.commands.data import add_prepare_data_arguments, run_prepare_data
+from draftsmith.data import corpora
+from draftsmith.data.documents import (
     METADATA_FILE,
     ChatTemplateError,
     DataConfig,
     SourceError,
-    add_prepare_data_arguments,
     build_dataset,
     document_split,
     encode_chat,
@@ -35,10 +35,9 @@ from draftsmith.train.data import (
     load_documents,
     pack,
     prepare_data,
-    run_prepare_data,
     stdlib_split,
 )
-from draftsmith.train.regenerate import (
+from draftsmith.data.regenerate import (
     RegenerateConfig,
     completed_ids,
     continue_texts,
@@ -531,7 +530,7 @@ def test_continue_texts_writes_records_the_pipeline_trains_on(tmp_path, tok):
 
 @pytest.mark.usefixtures("one_thread")
 def test_regenerate_command_continues_text_and_answers_chat(tmp_path, tok):
-    from draftsmith.cli import main
+    from draftsmith.commands.cli import main
 
     target = tmp_path / "target"
     tiny_model("qwen2", seed=5, vocab_size=len(tok)).save_pretrained(target)
@@ -562,7 +561,7 @@ def test_regenerate_command_continues_text_and_answers_chat(tmp_path, tok):
 def test_real_smollm2_tokenizer_on_stdlib_and_chitchat(monkeypatch):
     from transformers import AutoTokenizer
 
-    from draftsmith.zoo import default_home, fetch_model
+    from draftsmith.core.zoo import default_home, fetch_model
 
     monkeypatch.undo()  # the real cache, so chitchat is fetched once
     tok = AutoTokenizer.from_pretrained(fetch_model("smollm2-135m", home=default_home()))

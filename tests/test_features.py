@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from draftsmith.core.target import next_token_mask
 from draftsmith.train import features as features_module
 from draftsmith.train.features import (
     CachedFeatures,
@@ -13,20 +14,10 @@ from draftsmith.train.features import (
     OnlineFeatures,
     cache_layers,
     estimate_cache_bytes,
-    next_token_mask,
     write_feature_cache,
 )
 
 LAYERS = (0, 1)  # the embeddings and the first layer; the cache adds the last (2)
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny matmuls on two threads of a busy 2-core machine mostly wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

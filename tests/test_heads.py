@@ -5,84 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import greedy_reference, tiny_model
+from head_helpers import HEADS, REDUCED_VOCAB, TRAIN_PROMPTS, build_head, fit, target_batch
 
 from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.target import TargetBatch
 from draftsmith.heads import DraftHead, build_draft_vocab, drafter_class
-from draftsmith.heads.trainable import TargetBatch
-from draftsmith.sampling import SamplingParams
-
-HEADS = {
-    "medusa": ("medusa", {"num_heads": 4}),
-    "medusa-reduced": ("medusa", {"num_heads": 3, "draft_vocab_size": 64}),
-    "mtp": ("mtp", {"num_modules": 3}),
-    "mtp-reduced": ("mtp", {"num_modules": 2, "draft_vocab_size": 64}),
-    "eagle": ("eagle", {"num_steps": 2}),
-    "eagle3": ("eagle3", {"num_steps": 3, "feature_layers": [0, 1, 2]}),
-    "eagle3-reduced": ("eagle3", {"num_steps": 2, "draft_vocab_size": 64}),
-    "distilled": ("distilled", {}),
-    "distilled-lora": ("distilled", {"lora_rank": 4}),
-}
-REDUCED_VOCAB = 64
-TRAIN_PROMPTS = [[5, 6, 7], [11, 3], [40, 41, 42, 43], [100]]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared machine the hand-offs
-    between threads cost more than the arithmetic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def build_head(name: str, target) -> DraftHead:
-    kind, hyper = HEADS[name]
-    head = drafter_class(kind).from_target_config(target.config, **hyper)
-    head.bind_target(target)
-    return head
-
-
-def target_batch(target, head: DraftHead, input_ids: torch.Tensor) -> TargetBatch:
-    """What the trainer hands a head: the target's logits and the features the head reads."""
-    with torch.no_grad():
-        out = target(input_ids, output_hidden_states=True)
-    layers = head.target_feature_layers
-    features = torch.cat([out.hidden_states[i] for i in layers], -1) if layers else None
-    return TargetBatch(input_ids, torch.ones_like(input_ids), features, out.logits)
-
-
-def training_ids(target, length: int = 32) -> torch.Tensor:
-    """(4, length) the target's own greedy continuations of TRAIN_PROMPTS."""
-    rows = [p + greedy_reference(target, torch.tensor(p), length - len(p)) for p in TRAIN_PROMPTS]
-    return torch.tensor(rows)
-
-
-def fit(head: DraftHead, target, steps: int = 60) -> DraftHead:
-    """Train briefly on the target's greedy paths with hard labels under the alignment
-    convention: step k at position t learns the target's argmax at t + k."""
-    input_ids = training_ids(target)
-    if head.draft_to_target() is not None:
-        counts = torch.bincount(input_ids.flatten(), minlength=target.config.vocab_size)
-        head.set_draft_vocab(*build_draft_vocab(counts, REDUCED_VOCAB))
-    batch = target_batch(target, head, input_ids)
-    labels = batch.target_logits.argmax(-1)
-    if head.draft_to_target() is not None:
-        labels = head.t2d[labels]  # -1 (ignored) outside the draft vocabulary
-    optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=3e-3)
-    for _ in range(steps):
-        loss = 0.0
-        for k, logits in enumerate(head.forward_train(batch)):
-            n = labels.shape[1] - 1 - k
-            loss = loss + F.cross_entropy(
-                logits[:, :n].flatten(0, 1), labels[:, k : k + n].flatten(), ignore_index=-1
-            )
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return head.eval()
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +179,7 @@ def test_untrained_heads_decode_losslessly(name, arch, llama, qwen2):
     for prompt, draft_len in (([9], 3), ([4, 8, 15, 16, 23], 5)):
         prompt = torch.tensor(prompt)
         decoder = SpeculativeDecoder(
-            target, drafter, policy=DraftLengthPolicy(max_tokens=draft_len)
+            target, drafter, policy=DraftLengthPolicy(max_draft_tokens=draft_len)
         )
         result = decoder.generate(prompt, max_new_tokens=16)
         assert result.tokens == greedy_reference(target, prompt, 16)
@@ -265,7 +194,7 @@ def test_untrained_heads_decode_losslessly(name, arch, llama, qwen2):
 def test_trained_heads_accept_partially_and_stay_lossless(name, trained):
     target, head = trained(name)
     drafter = head.as_drafter(target)
-    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_tokens=3))
+    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_draft_tokens=3))
     drafted = accepted = 0
     for prompt in [*TRAIN_PROMPTS, [9, 9, 9]]:
         prompt = torch.tensor(prompt)
@@ -294,7 +223,7 @@ def test_own_cache_after_decoding_equals_a_fresh_prefill(name, trained):
     target, head = trained(name)
     drafter = head.as_drafter(target)
     prompt = [40, 41]  # near a training path: partly accepted
-    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_tokens=3))
+    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_draft_tokens=3))
     result = decoder.generate(prompt, max_new_tokens=20)
     assert 0 < result.stats.accepted < result.stats.drafted
     committed = torch.tensor(prompt + result.tokens)

@@ -6,13 +6,13 @@ import torch
 from conftest import perturbed_copy
 
 from draftsmith import DraftLengthPolicy, SpeculativeDecoder
-from draftsmith.decoding.target import TargetRunner
+from draftsmith.core.target import Target
 from draftsmith.heads import DraftModelDrafter
 
 
 def _assert_cache_equals_prefill(model, cache, tokens: list[int]) -> None:
-    fresh = TargetRunner(model)
-    fresh.forward(torch.tensor(tokens))
+    fresh = Target(model)
+    fresh.extend(torch.tensor(tokens))
     assert cache.get_seq_length() == len(tokens)
     for layer, fresh_layer in zip(cache.layers, fresh.cache.layers, strict=True):
         torch.testing.assert_close(layer.keys, fresh_layer.keys, atol=1e-5, rtol=1e-4)
@@ -20,15 +20,15 @@ def _assert_cache_equals_prefill(model, cache, tokens: list[int]) -> None:
 
 
 def test_target_rollback_equals_fresh_prefill(llama):
-    runner = TargetRunner(llama)
-    runner.forward(torch.tensor([4, 8, 15, 16]))
-    runner.forward(torch.tensor([23, 42, 99, 7, 1]))  # one verification round of 5 positions
+    runner = Target(llama)
+    runner.extend(torch.tensor([4, 8, 15, 16]))
+    runner.extend(torch.tensor([23, 42, 99, 7, 1]))  # one verification round of 5 positions
     runner.rollback(6)  # two of them accepted
     _assert_cache_equals_prefill(llama, runner.cache, [4, 8, 15, 16, 23, 42])
     # The rolled-back cache goes on to give the same logits as a fresh run.
-    logits, _ = runner.forward(torch.tensor([3]))
-    fresh = TargetRunner(llama)
-    expected, _ = fresh.forward(torch.tensor([4, 8, 15, 16, 23, 42, 3]))
+    logits, _ = runner.extend(torch.tensor([3]))
+    fresh = Target(llama)
+    expected, _ = fresh.extend(torch.tensor([4, 8, 15, 16, 23, 42, 3]))
     torch.testing.assert_close(logits[-1], expected[-1], atol=1e-5, rtol=1e-4)
 
 
@@ -36,7 +36,7 @@ def test_draft_model_cache_matches_committed_tokens_after_decoding(llama):
     draft = perturbed_copy(llama, scale=0.05)
     drafter = DraftModelDrafter(draft)
     prompt = [9, 10, 11]
-    decoder = SpeculativeDecoder(llama, drafter, policy=DraftLengthPolicy(max_tokens=4))
+    decoder = SpeculativeDecoder(llama, drafter, policy=DraftLengthPolicy(max_draft_tokens=4))
     result = decoder.generate(prompt, max_new_tokens=25)
     assert 0 < result.stats.accepted < result.stats.drafted  # rejections happened
     committed = prompt + result.tokens

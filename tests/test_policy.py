@@ -1,4 +1,4 @@
-"""Draft-length policy: stopping on the drafter's (calibrated) path confidence."""
+"""Draft-length policy: stopping on the (calibrated) path confidence of the policy's acceptance model."""
 
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ class ConstantCalibrator:
 
 def _drafts(llama, p: float, threshold: float):
     drafter = DraftModelDrafter(llama)
-    drafter.calibrator = ConstantCalibrator(p)
-    policy = DraftLengthPolicy(max_tokens=6, min_path_confidence=threshold)
+    calibrator = ConstantCalibrator(p)
+    policy = DraftLengthPolicy(
+        max_draft_tokens=6, min_path_confidence=threshold, acceptance=calibrator
+    )
     prompt = torch.tensor([2, 4, 6])
     result = SpeculativeDecoder(llama, drafter, policy=policy).generate(prompt, max_new_tokens=21)
     assert result.tokens == greedy_reference(llama, prompt, 21)
-    return result.stats, drafter.calibrator
+    return result.stats, calibrator
 
 
 def test_calibrated_confidence_sets_the_draft_length(llama):

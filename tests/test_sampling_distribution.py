@@ -15,9 +15,9 @@ from conftest import MarkovTarget, TableDrafter, tiny_model
 from scipy.stats import chisquare
 
 from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import verify_sampling
 from draftsmith.heads import DraftModelDrafter
-from draftsmith.sampling import SamplingParams, probabilities, sample
 
 V = 6
 N = 12_000
@@ -137,7 +137,7 @@ def test_three_token_sequences_follow_the_target(name, drafter_kind):
         drafter = TableDrafter(torch.randn(3, vocab, generator=torch.Generator().manual_seed(2)))
     else:
         drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
-    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_tokens=3))
+    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_draft_tokens=3))
     counts = Counter()
     drafted = accepted = 0
     for seed in range(n):

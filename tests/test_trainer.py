@@ -23,14 +23,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
-from draftsmith.heads import drafter_class, register_drafter
-from draftsmith.heads.trainable import DraftHead, TargetBatch
-from draftsmith.train.config import load_config
+from draftsmith.core.target import TargetBatch
+from draftsmith.heads import DraftHead, build_head, drafter_class, fit_draft_vocab, register_drafter
+from draftsmith.train.config import load_train_config as load_config
 from draftsmith.train.trainer import (
     EpochSampler,
     Trainer,
-    build_head,
-    fit_draft_vocab,
     latest_checkpoint,
     lr_factor,
     train,
@@ -323,7 +321,7 @@ def test_every_real_head_kind_trains_and_exports(kind, tmp_path, corpus, target,
 
 
 def test_cli_prepares_data_and_trains_in_process(tmp_path, corpus, target, tokenizer, capsys):
-    from draftsmith.cli import main
+    from draftsmith.commands.cli import main
 
     folder = tmp_path / "target"
     target.save_pretrained(folder)

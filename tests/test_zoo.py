@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import zoo
+from draftsmith.core import zoo
 
 CHUNKS = {"fake-part1": b"GGUF\x03first-chunk|", "fake-part2": b"second-chunk"}
 GGUF_BYTES = b"".join(CHUNKS.values())

@@ -44,12 +44,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from draftsmith.heads.trainable import (
-    TargetBatch,
-    next_token_mask,
-    target_batch,
-    target_forward,
-)
+from draftsmith.core.target import Target, TargetBatch, next_token_mask
 
 __all__ = [
     "CACHE_FORMAT",
@@ -59,8 +54,6 @@ __all__ = [
     "OnlineFeatures",
     "cache_layers",
     "estimate_cache_bytes",
-    "next_token_mask",
-    "target_forward",
     "write_feature_cache",
 ]
 
@@ -100,7 +93,7 @@ class OnlineFeatures:
 
     def batch(self, indices: torch.Tensor, device: torch.device | str) -> TargetBatch:
         input_ids = self.input_ids[indices].long().to(device)
-        return target_batch(self.target, input_ids, self.loss_mask[indices], self.layers)
+        return Target(self.target, self.layers).batch(input_ids, self.loss_mask[indices])
 
 
 def cache_layers(layers: tuple[int, ...], num_hidden_layers: int) -> tuple[int, ...]:
@@ -279,7 +272,7 @@ def write_feature_cache(
             parts: dict[str, list[torch.Tensor]] = {f"hidden.{i}": [] for i in stored}
             for first in range(start, stop, batch_size):
                 ids = input_ids[first : min(first + batch_size, stop)].long().to(device)
-                _, _, hidden = target_forward(target, ids, stored)
+                _, _, hidden = Target(target, stored).forward(ids)
                 for i in stored:
                     parts[f"hidden.{i}"].append(hidden[i].to(_DTYPES[dtype]).cpu())
                 progress.update(ids.shape[0])
@@ -297,7 +290,7 @@ def _check_logits_from_last(
     target: PreTrainedModel, input_ids: torch.Tensor, stored: tuple[int, ...]
 ) -> None:
     """Refuse targets whose logits are not the LM head applied to their last hidden state."""
-    _, logits, hidden = target_forward(target, input_ids.to(target.device), stored)
+    _, logits, hidden = Target(target, stored).forward(input_ids.to(target.device))
     with torch.no_grad():
         recomputed = target.get_output_embeddings()(hidden[-1])
     scale = logits.float().abs().max().clamp_min(1.0)

@@ -1,8 +1,8 @@
 """The one training loop of every drafter head kind, on Accelerate.
 
-    from draftsmith.train.config import load_config
+    from draftsmith.train.config import load_train_config
     from draftsmith.train.trainer import train
-    result = train(load_config("recipes/smollm2-135m/eagle3.yaml", ["max_steps=50"]))
+    result = train(load_train_config("recipes/smollm2-135m/eagle3.yaml", ["max_steps=50"]))
 
 Kinds differ only in what their `forward_train` reads and in the objective settings; the loop
 is the same: the frozen target gives a `TargetBatch` (online or from a feature cache), the head
@@ -27,7 +27,6 @@ simulated mean accepted length tau_sim (see `draftsmith.train.objectives`).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -49,17 +48,11 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from draftsmith.heads import build_draft_vocab, drafter_class  # registers every built-in kind
-from draftsmith.heads.trainable import DraftHead, TargetBatch
-from draftsmith.train.config import (
-    ConfigError,
-    TrainConfig,
-    config_help,
-    config_to_dict,
-    load_config,
-    save_config,
-)
-from draftsmith.train.data import DataConfig, build_dataset
+from draftsmith.core.config import config_to_dict, save_config
+from draftsmith.core.target import TargetBatch
+from draftsmith.data.documents import DataConfig, build_dataset
+from draftsmith.heads import DraftHead, build_head, fit_draft_vocab  # registers every built-in kind
+from draftsmith.train.config import TrainConfig
 from draftsmith.train.features import (
     CachedFeatures,
     FeatureCache,
@@ -83,7 +76,6 @@ __all__ = [
     "fit_draft_vocab",
     "latest_checkpoint",
     "lr_factor",
-    "main",
     "train",
 ]
 
@@ -116,65 +108,6 @@ def train(
 ) -> TrainResult:
     """Run `config` to the end (resuming if a checkpoint exists) and write the artifact."""
     return Trainer(config, target=target, tokenizer=tokenizer).fit()
-
-
-def main(argv: list[str] | None = None, prog: str | None = None) -> TrainResult:
-    """Command line of a training run: ``RECIPE.yaml [key=value ...]`` (see `load_config`);
-    ``--help`` lists every config key with its docstring."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Train a drafter head on a frozen target from a YAML recipe. Overrides use "
-        "the recipe's keys, dotted for nested ones (data.seq_len=256), values parsed as YAML "
-        "(feature_cache=null).",
-        epilog="config keys:\n" + config_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("recipe", help="YAML recipe, e.g. recipes/smollm2-135m/eagle3.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.recipe, args.overrides)
-    except ConfigError as error:
-        parser.error(str(error))
-    result = train(config)
-    print(
-        f"done: {result.steps} steps, {result.tokens_per_s:,.0f} tokens/s, held-out top-1 "
-        f"{result.metrics['top1']}, tau_sim {result.metrics['tau_sim']}; drafter in "
-        f"{result.artifact}"
-    )
-    return result
-
-
-def build_head(kind: str, target: PreTrainedModel, head_args: dict[str, Any]) -> DraftHead:
-    """A freshly initialised head of `kind` sized for `target`, bound to its shared modules,
-    in float32 (the master weights; `mixed_precision` autocasts the compute), whatever the
-    precision of the target's config it was built from."""
-    try:
-        cls = drafter_class(kind)
-    except KeyError as error:
-        raise ValueError(str(error.args[0])) from None
-    if not issubclass(cls, DraftHead):
-        raise ValueError(f"drafter kind {kind!r} has nothing to train (it is not a DraftHead)")
-    try:
-        head = cls.from_target_config(target.config, **head_args)
-    except TypeError as error:
-        raise ValueError(f"head_args {head_args} do not fit head kind {kind!r}: {error}") from error
-    head.bind_target(target)
-    return head.float()
-
-
-def fit_draft_vocab(
-    head: DraftHead, input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int
-) -> None:
-    """Give a head with a reduced vocabulary the tokens most frequent among the training
-    targets (input_ids, loss_mask (N, T)); heads over the full vocabulary are left alone."""
-    d2t = head.draft_to_target()
-    if d2t is None:
-        return
-    if not hasattr(head, "set_draft_vocab"):
-        raise TypeError(f"{type(head).__name__} has a reduced vocabulary but no set_draft_vocab")
-    counts = torch.bincount(input_ids[loss_mask.bool()].long(), minlength=vocab_size)
-    head.set_draft_vocab(*build_draft_vocab(counts, d2t.numel()))
 
 
 class HeadObjective(nn.Module):
@@ -284,7 +217,7 @@ class Trainer:
         """What this run added to the feature cache (rows, seconds, tokens/s); logged by fit."""
 
         if target is None or tokenizer is None:
-            from draftsmith.models import load_model
+            from draftsmith.core.models import load_model
 
             target, tokenizer = load_model(config.target, dtype=config.target_dtype)
         self.target = target.eval().requires_grad_(False).to(acc.device)

@@ -7,14 +7,14 @@ A drafter learns to predict what the target says, so the best data is the target
   conversation so far (its user turns and the target's earlier answers).
 - `continue_texts`: for plain text and code, windows of each document cut at line boundaries
   become prompts the target continues. The record ``{"id", "prompt", "completion"}`` trains on
-  the completion (`draftsmith.train.data`), which is exactly the context the decoder drafts in:
+  the completion (`draftsmith.data.documents`), which is exactly the context the decoder drafts in:
   under greedy decoding every token the drafter sees after the prompt is the target's argmax.
 
 Generation is batched across records with left padding. Output is a jsonl that
-`draftsmith.train.data` reads as a local source, resumable: records whose id is already in the
+`draftsmith.data.documents` reads as a local source, resumable: records whose id is already in the
 file are skipped, each batch is flushed as it finishes, and a line torn by a kill is cut off
 before appending. Derived records are named ``<document id>#<n>``, which keeps them in their
-document's train / held-out split (`draftsmith.train.data.document_split`).
+document's train / held-out split (`draftsmith.data.documents.document_split`).
 
     documents = load_documents(DataConfig(source="chitchat"))
     regenerate(documents, model, tokenizer, "runs/chitchat-qwen.jsonl",
@@ -26,7 +26,6 @@ document's train / held-out split (`draftsmith.train.data.document_split`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,8 +38,6 @@ import torch
 from tqdm.auto import tqdm
 
 __all__ = [
-    "add_regenerate_arguments",
-    "run_regenerate",
     "RegenerateConfig",
     "completed_ids",
     "continue_texts",
@@ -286,68 +283,3 @@ def _generate(
         end = next((j for j, token in enumerate(row) if token in eos), len(row))
         answers.append(tokenizer.decode(row[:end], skip_special_tokens=True))
     return answers
-
-
-def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``draftsmith regenerate``."""
-    defaults = RegenerateConfig()
-    parser.add_argument("--target", required=True, help="zoo name, local folder or hub id")
-    parser.add_argument(
-        "--source", required=True, help="stdlib, chitchat, a local file or folder, or a hub name"
-    )
-    parser.add_argument("--out", required=True, type=Path, help="jsonl to write (resumes)")
-    parser.add_argument("--split", default="train", choices=("train", "heldout"))
-    parser.add_argument(
-        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument(
-        "--prompt-tokens", type=int, default=defaults.prompt_tokens, help="text sources"
-    )
-    parser.add_argument(
-        "--prompts-per-document",
-        type=int,
-        default=defaults.prompts_per_document,
-        help="text sources",
-    )
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument(
-        "--max-records",
-        type=int,
-        default=None,
-        help="the first N records in all (a rerun only finishes them)",
-    )
-    parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--top-p", type=float, default=defaults.top_p)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-
-
-def run_regenerate(args: argparse.Namespace) -> int:
-    """Run ``draftsmith regenerate``: chat sources get their answers rewritten, text sources are
-    continued (`continue_texts`). Returns the number of records written."""
-    from draftsmith.models import load_model
-    from draftsmith.train.data import DataConfig, load_documents
-
-    config = RegenerateConfig(
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        do_sample=args.sample,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        max_records=args.max_records,
-        prompt_tokens=args.prompt_tokens,
-        prompts_per_document=args.prompts_per_document,
-    )
-    documents = load_documents(DataConfig(source=args.source, split=args.split, seed=args.seed))
-    model, tokenizer = load_model(args.target, dtype=args.dtype)
-    chat = [d for d in documents if d["messages"]]
-    text = [d for d in documents if not d["messages"]]
-    written = 0
-    if chat:
-        written += regenerate(chat, model, tokenizer, args.out, config)
-    if text:
-        written += continue_texts(text, model, tokenizer, args.out, config)
-    print(f"{args.out}: {written:,} new records ({len(completed_ids(args.out)):,} in all)")
-    return written

@@ -58,7 +58,7 @@ def run_calibrate(args: argparse.Namespace) -> dict:
     from draftsmith.artifact import load_head
     from draftsmith.calibration.pipeline import calibrate_records
     from draftsmith.calibration.report import format_table
-    from draftsmith.models import load_model
+    from draftsmith.core.models import load_model
 
     target, tokenizer = load_model(args.target, dtype=args.dtype)
     head = load_head(args.artifact, target)
@@ -106,7 +106,7 @@ def _collect(args: argparse.Namespace, head, target, tokenizer, config: Calibrat
         target,
         head.as_drafter(target),
         tokenizer,
-        policy=DraftLengthPolicy(max_tokens=args.draft_tokens),
+        policy=DraftLengthPolicy(max_draft_tokens=args.draft_tokens),
     )
     return collect_from_decoding(
         decoder,
@@ -123,7 +123,7 @@ def _held_out_documents(data: str, tokenizer, config: CalibrateConfig) -> list:
     max_tokens in all: a jsonl file whole, or the held-out split of a data source."""
     import torch
 
-    from draftsmith.train.data import DataConfig, encode_documents, load_documents
+    from draftsmith.data.documents import DataConfig, encode_documents, load_documents
 
     # A file is held-out data as a whole: heldout_fraction 0 puts all of it in one split (a
     # missing path is `load_documents`' clear error).
@@ -161,7 +161,7 @@ def _held_out_prompts(data: str, tokenizer, config: CalibrateConfig) -> list:
         if not prompts and not texts:
             raise ValueError(f"{path} holds no record with a 'text' or 'prompt' field")
     else:
-        from draftsmith.train.data import DataConfig, load_documents
+        from draftsmith.data.documents import DataConfig, load_documents
 
         documents = load_documents(DataConfig(source=data, split="heldout"))
         prompts, texts = [], [t for t in documents["text"] if t]

@@ -1,6 +1,6 @@
 """The data pipeline: documents -> train / held-out split -> tokens -> packed fixed-length rows.
 
-    load_documents(config)          documents of one split (`draftsmith.train.corpora` reads them)
+    load_documents(config)          documents of one split (`draftsmith.data.corpora` reads them)
     build_dataset(config, tok)      Dataset {input_ids (seq_len,) int32, loss_mask (seq_len,) int8}
     prepare_data(config, tok, out)  the same, saved with `save_to_disk` (temp dir, then rename)
 
@@ -35,17 +35,13 @@ dropped, so small held-out sets keep all their tokens.
 
 from __future__ import annotations
 
-import argparse
-import ast
 import hashlib
-import inspect
 import json
 import os
 import random
 import shutil
-import textwrap
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +50,7 @@ import numpy as np
 from datasets import Dataset, Features, List, Value
 from tqdm.auto import tqdm
 
-from draftsmith.train.corpora import SourceError, load_source
+from draftsmith.data.corpora import SourceError, load_source
 
 __all__ = [
     "SPLITS",
@@ -62,7 +58,6 @@ __all__ = [
     "ChatTemplateError",
     "DataConfig",
     "SourceError",
-    "add_prepare_data_arguments",
     "build_dataset",
     "document_split",
     "encode_chat",
@@ -72,7 +67,6 @@ __all__ = [
     "load_documents",
     "pack",
     "prepare_data",
-    "run_prepare_data",
     "stdlib_split",
 ]
 
@@ -165,7 +159,7 @@ def stdlib_split(relpath: str) -> Split:
 
 def load_documents(config: DataConfig) -> Dataset:
     """The documents of ``config.split``, shuffled by ``config.seed``: columns ``id``, ``text``,
-    ``messages`` (see `draftsmith.train.corpora`).
+    ``messages`` (see `draftsmith.data.corpora`).
 
     Raises:
         SourceError: the source is missing or unreachable, or the split holds no document.
@@ -461,68 +455,3 @@ def prepare_data(
         f"({stats['target_tokens']:,} targets), saved to {out}"
     )
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
-
-
-def add_prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``draftsmith prepare-data``; each `DataConfig` field's docstring is its help."""
-    docs = _field_docs(DataConfig)
-    defaults = {f.name: f.default for f in fields(DataConfig) if f.name != "source"}
-    parser.add_argument(
-        "--target",
-        required=True,
-        help="zoo name, local folder or hub id of "
-        "the target model, whose tokenizer and chat template render the data",
-    )
-    parser.add_argument("--source", required=True, help=docs["source"])
-    parser.add_argument("--out", required=True, type=Path, help="output folder (Arrow)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.add_argument("--split", choices=SPLITS, help=docs["split"])
-    parser.add_argument("--seq-len", type=int, help=docs["seq_len"])
-    parser.add_argument("--max-tokens", type=int, help=docs["max_tokens"])
-    parser.add_argument("--max-documents", type=int, help=docs["max_documents"])
-    parser.add_argument("--heldout-fraction", type=float, help=docs["heldout_fraction"])
-    parser.add_argument("--seed", type=int, help=docs["seed"])
-    parser.add_argument(
-        "--assistant-only-loss",
-        action=argparse.BooleanOptionalAction,
-        help=docs["assistant_only_loss"],
-    )
-    parser.add_argument(
-        "--include-tests", action=argparse.BooleanOptionalAction, help=docs["include_tests"]
-    )
-    parser.add_argument(
-        "--text-sample-by", choices=("document", "paragraph", "line"), help=docs["text_sample_by"]
-    )
-    parser.add_argument("--hub-config", help=docs["hub_config"])
-    parser.add_argument("--hub-split", help=docs["hub_split"])
-    parser.set_defaults(**defaults)
-
-
-def run_prepare_data(args: argparse.Namespace) -> Path:
-    """Run ``draftsmith prepare-data`` with the parsed `args`; returns the output folder."""
-    from transformers import AutoTokenizer
-
-    from draftsmith.zoo import resolve_model
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.target))
-    config = DataConfig(**{f.name: getattr(args, f.name) for f in fields(DataConfig)})
-    return prepare_data(config, tokenizer, args.out, overwrite=args.overwrite)
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass, joined into one line (the CLI help)."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-        ):
-            docs[node.target.id] = " ".join(after.value.value.replace("``", "").split())
-    return docs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,6 +25,15 @@ SIGNAL_NAMES: tuple[str, ...] = (
 
 PROBABILITY_SIGNALS: frozenset[str] = frozenset({"top1_prob", "margin", "path_prob", "composite"})
 """The signals that lie in [0, 1], so they can be read as a confidence without a calibrator."""
+
+
+class AcceptanceModel(Protocol):
+    """P(the target accepts each drafted token) from its confidence signals: a fitted calibrator
+    (`draftsmith.calibration.Calibrator`, an artifact's calibration.json) is one."""
+
+    def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """signals: `confidence_signals` output, each (k,). Returns (k,) probabilities."""
+        ...
 
 
 def check_logits(logits: torch.Tensor, name: str = "logits") -> None:

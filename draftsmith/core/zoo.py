@@ -7,7 +7,7 @@ converts it once into an ordinary transformers folder (bf16 safetensors, config,
 config, tokenizer with its chat template) under ``$DRAFTSMITH_HOME/models/<name>/``. After that,
 ``AutoModelForCausalLM.from_pretrained(folder)`` works like any local checkpoint.
 
-    >>> from draftsmith.zoo import fetch_model, resolve_model
+    >>> from draftsmith.core.zoo import fetch_model, resolve_model
     >>> folder = fetch_model("smollm2-135m")          # downloads + converts on first use
     >>> resolve_model("smollm2-135m") == str(folder)   # zoo names map to their folder
     True

@@ -14,11 +14,11 @@ BUNDLED_PROMPTS = "bench_prompts.jsonl"
 
 def bundled_prompts() -> Path:
     """The prompt set shipped with the package (code, chat and prose)."""
-    return Path(str(resources.files("draftsmith") / "data" / BUNDLED_PROMPTS))
+    return Path(str(resources.files("draftsmith.decoding") / BUNDLED_PROMPTS))
 
 
 def _fetch_model(args: argparse.Namespace) -> None:
-    from draftsmith.zoo import fetch_model
+    from draftsmith.core.zoo import fetch_model
 
     print(fetch_model(args.name))
 
@@ -26,16 +26,18 @@ def _fetch_model(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
+    from draftsmith.commands.drafter_spec import build_drafter
+    from draftsmith.core.models import load_model
     from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
     from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts
-    from draftsmith.drafter_spec import build_drafter
-    from draftsmith.models import load_model
 
     prompts = load_prompts(args.prompts, args.limit)
     target, tokenizer = load_model(args.target, dtype=args.dtype)
     built = build_drafter(args.drafter, target, tokenizer, dtype=args.dtype)
     policy = DraftLengthPolicy(
-        max_tokens=args.draft_tokens, min_path_confidence=args.min_path_confidence
+        max_draft_tokens=args.draft_tokens,
+        min_path_confidence=args.min_path_confidence,
+        acceptance=built.acceptance,
     )
     decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
     bench = Benchmark(
@@ -69,13 +71,13 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from draftsmith.train.trainer import main as train_main
+    from draftsmith.commands.train import main as train_main
 
     train_main(args.arguments, prog="draftsmith train")
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
-    from draftsmith.train.data import add_prepare_data_arguments, run_prepare_data
+    from draftsmith.commands.data import add_prepare_data_arguments, run_prepare_data
 
     parser = argparse.ArgumentParser(
         prog="draftsmith prepare-data",
@@ -86,7 +88,7 @@ def _prepare_data(args: argparse.Namespace) -> None:
 
 
 def _regenerate(args: argparse.Namespace) -> None:
-    from draftsmith.train.regenerate import add_regenerate_arguments, run_regenerate
+    from draftsmith.commands.data import add_regenerate_arguments, run_regenerate
 
     parser = argparse.ArgumentParser(
         prog="draftsmith regenerate",
@@ -98,7 +100,7 @@ def _regenerate(args: argparse.Namespace) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> None:
-    from draftsmith.calibrate_command import add_calibrate_arguments, run_calibrate
+    from draftsmith.commands.calibrate import add_calibrate_arguments, run_calibrate
 
     parser = argparse.ArgumentParser(
         prog="draftsmith calibrate",

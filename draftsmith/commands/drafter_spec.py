@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from draftsmith.artifact import load_acceptance_model, load_drafter
+from draftsmith.core.models import check_same_vocabulary, load_model
+from draftsmith.core.signals import AcceptanceModel
 from draftsmith.heads import Drafter, DraftModelDrafter, NgramDrafter
-from draftsmith.models import check_same_vocabulary, load_model
 
 SPEC_HELP = (
     "draft-model:NAME_OR_PATH (a causal LM sharing the target's vocabulary), ngram[:MAX_N] or "
@@ -22,6 +24,8 @@ class BuiltDrafter:
     hf_assist: dict = field(default_factory=dict)
     """The `generate` arguments of Hugging Face's counterpart (for side-by-side benchmarks);
     empty when Hugging Face has none."""
+    acceptance: AcceptanceModel | None = None
+    """The artifact's calibrated acceptance model, for the draft policy; None: uncalibrated."""
 
 
 def build_drafter(
@@ -33,10 +37,8 @@ def build_drafter(
         check_same_vocabulary(tokenizer, draft_tokenizer, arg)
         return BuiltDrafter(DraftModelDrafter(model), {"assistant_model": model})
     if kind == "artifact" and arg:
-        from draftsmith.artifact import load_drafter
-
         # No Hugging Face counterpart: the benchmark skips assisted generation.
-        return BuiltDrafter(load_drafter(arg, target))
+        return BuiltDrafter(load_drafter(arg, target), acceptance=load_acceptance_model(arg))
     if kind == "ngram":
         drafter = NgramDrafter(max_ngram=int(arg)) if arg else NgramDrafter()
         assist = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": drafter.max_ngram}

@@ -19,7 +19,7 @@ Sources (see `load_source`):
   folder of such files.
 - anything else is passed to `datasets.load_dataset` as a Hugging Face hub name.
 
-This module only reads; splitting, rendering and packing live in `draftsmith.train.data`.
+This module only reads; splitting, rendering and packing live in `draftsmith.data.documents`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import datasets
 from datasets import Dataset, Features, List, Value
 from datasets.exceptions import DatasetGenerationError
 
-from draftsmith.zoo import default_home
+from draftsmith.core.zoo import default_home
 
 __all__ = [
     "CHITCHAT_REQUIREMENT",

@@ -12,7 +12,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from draftsmith.zoo import resolve_model
+from draftsmith.core.zoo import resolve_model
 
 logger = logging.getLogger(__name__)
 

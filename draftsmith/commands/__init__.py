@@ -1,0 +1,1 @@
+"""The top layer: the `draftsmith` command line, one module per subcommand."""

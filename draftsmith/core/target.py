@@ -1,0 +1,130 @@
+"""The frozen target model: the one place its forward runs, for decoding, training and calibration.
+
+- Incremental (decoding): `Target.extend(tokens)` runs new tokens after the cached positions
+  and returns their logits and features; `Target.rollback(length)` drops rejected positions.
+- Batched (training, the feature cache, teacher-forced calibration): `Target.batch(input_ids,
+  loss_mask)` runs whole rows once and returns a `TargetBatch` with the loss-mask shift applied.
+
+Features are the hidden states of `feature_layers` (indices into transformers' `hidden_states`
+output: 0 = embeddings, N = last layer), concatenated along the last dim. The model's code is
+never copied: everything goes through its normal forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from draftsmith.core.cache import cache_argument, crop_cache
+
+
+@dataclass
+class TargetBatch:
+    """What the frozen target provides for one training batch."""
+
+    input_ids: torch.Tensor
+    """(B, T) int64 token ids."""
+    loss_mask: torch.Tensor
+    """(B, T) bool: positions whose next-token prediction is trained on (see `next_token_mask`)."""
+    features: torch.Tensor | None
+    """(B, T, F) the target hidden states the head reads (its `target_feature_layers`,
+    concatenated along the last dim), or None for heads that read none (draft models)."""
+    target_logits: torch.Tensor
+    """(B, T, V) the target's next-token logits at every position."""
+
+
+def next_token_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Data mask -> `TargetBatch.loss_mask`.
+
+    loss_mask (B, T): 1 where the token at t is a training target (the data pipeline's
+    convention). Returns (B, T) bool: True where the prediction made *at* t (of token t + 1)
+    is trained on; the last position predicts past the row and is False.
+    """
+    shifted = torch.zeros_like(loss_mask, dtype=torch.bool)
+    shifted[:, :-1] = loss_mask[:, 1:].bool()
+    return shifted
+
+
+class Target:
+    """A frozen causal LM and the hidden-state layers its drafter reads."""
+
+    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = ()) -> None:
+        self.model = model
+        self.feature_layers = tuple(feature_layers)
+        self.cache = DynamicCache()
+        self._cache_argument = cache_argument(model)
+
+    def _features(self, hidden_states: tuple[torch.Tensor, ...] | None) -> torch.Tensor | None:
+        if not self.feature_layers:
+            return None
+        return torch.cat([hidden_states[i] for i in self.feature_layers], dim=-1)
+
+    # -- batched ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(
+        self, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """One cache-free forward over whole rows input_ids (B, T).
+
+        Returns features (B, T, len(layers) * H) (None without layers), logits (B, T, V), and all
+        hidden states (N + 1 tensors (B, T, H); empty without layers).
+        """
+        out = self.model(
+            input_ids=input_ids, output_hidden_states=bool(self.feature_layers), use_cache=False
+        )
+        hidden = tuple(out.hidden_states) if self.feature_layers else ()
+        return self._features(hidden), out.logits, hidden
+
+    @torch.no_grad()
+    def batch(self, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> TargetBatch:
+        """The `TargetBatch` of rows input_ids (B, T) with data mask loss_mask (B, T) (the data
+        pipeline's convention, see `next_token_mask`): one frozen forward of the target."""
+        features, logits, _ = self.forward(input_ids)
+        return TargetBatch(
+            input_ids=input_ids,
+            loss_mask=next_token_mask(loss_mask).to(input_ids.device),
+            features=features,
+            target_logits=logits,
+        )
+
+    # -- incremental ------------------------------------------------------------------------------
+
+    @property
+    def length(self) -> int:
+        """Positions held in the cache."""
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        """Forget every cached position (a new sequence)."""
+        self.cache = DynamicCache()
+
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run tokens (n,) after the cached positions, adding them to the cache.
+
+        attention_mask and position_ids pass through to the model's forward unchanged (a draft
+        tree's 4D mask and depths); the default is causal attention at the next positions.
+        Returns logits (n, V) float32 and, when feature layers are set, features (n, F).
+        """
+        out = self.model(
+            input_ids=tokens[None].to(self.model.device),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{self._cache_argument: self.cache},
+            output_hidden_states=bool(self.feature_layers),
+        )
+        features = self._features(out.hidden_states)
+        return out.logits[0].float(), None if features is None else features[0]
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first `length` cached positions."""
+        crop_cache(self.cache, length)
