@@ -1,11 +1,9 @@
-"""Confidence calibration: how far a drafter's confidence can be trusted as the probability that
-the target accepts its drafted token.
+"""Calibration: collect drafted tokens' confidence and outcomes, fit calibrators, report.
 
-signals (from draft logits) -> calibrators (fitted on held-out outcomes, saved as
-calibration.json) -> metrics, plots and report (before/after).
-
-Plotting and the report are imported on first use, so the decoder loading a calibrator does not
-pay for matplotlib.
+collect (signals from `draftsmith.core.signals`, outcomes) -> calibrators (kinds, auto
+selection) -> calibration.json (`io`) -> metrics, plots and report; `pipeline` runs them end to
+end. Collection, the pipeline, plots and the report load on first use, so the decoder loading a
+calibrator pays for neither datasets nor matplotlib.
 """
 
 from __future__ import annotations
@@ -14,16 +12,19 @@ import importlib
 from typing import Any
 
 from draftsmith.calibration.calibrators import (
-    CALIBRATION_FILE,
-    AutoCalibrator,
     Calibrator,
+    build_calibrator,
+    calibrator_class,
+    register_calibrator,
+)
+from draftsmith.calibration.io import CALIBRATION_FILE
+
+# Imported for their registration too: `Calibrator.load` finds every kind by name.
+from draftsmith.calibration.kinds import (
     HistogramBinning,
     IsotonicCalibrator,
     PlattScaling,
     TemperatureScaling,
-    build_calibrator,
-    calibrator_class,
-    register_calibrator,
 )
 from draftsmith.calibration.metrics import (
     BinStats,
@@ -38,15 +39,14 @@ from draftsmith.calibration.metrics import (
     mce,
     nll,
 )
-from draftsmith.core.signals import (
-    PROBABILITY_SIGNALS,
-    SIGNAL_NAMES,
-    check_logits,
-    confidence_signals,
-    signal_matrix,
-)
+from draftsmith.calibration.selection import AutoCalibrator
 
 _LAZY = {
+    "collect_from_decoding": "collect",
+    "collect_teacher_forced": "collect",
+    "CalibrateConfig": "pipeline",
+    "calibrate_records": "pipeline",
+    "prompts_from_texts": "pipeline",
     "PLOT_FILES": "plots",
     "plot_reliability": "plots",
     "plot_confidence_histogram": "plots",
@@ -66,8 +66,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CALIBRATION_FILE",
-    "PROBABILITY_SIGNALS",
-    "SIGNAL_NAMES",
     "AutoCalibrator",
     "BinStats",
     "Calibrator",
@@ -83,13 +81,10 @@ __all__ = [
     "build_calibrator",
     "calibration_metrics",
     "calibrator_class",
-    "check_logits",
-    "confidence_signals",
     "ece",
     "ece_debiased",
     "mce",
     "nll",
     "register_calibrator",
-    "signal_matrix",
     *_LAZY,
 ]

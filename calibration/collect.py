@@ -14,10 +14,11 @@ Two ways to get them:
   draft prefix was accepted by the verification that actually ran are recorded (positions up to
   and including the first rejection): later ones were conditioned on a rejected prefix.
 - **Teacher-forced** (`collect_teacher_forced`): one target forward and one `forward_train` of
-  the head over held-out rows score a draft chain at every position at once, tens of times more
-  tokens per second. Step k of the chain at position t is recorded when the head's steps before
-  it drafted the target's argmax *and* the text continues with those same tokens: then the head
-  saw exactly the context greedy decoding would give it, and the record equals a decoding one.
+  the head over held-out rows score a draft chain at every position at once, where decoding
+  needs a round per draft. Step k of the chain at position t is recorded when the head's steps
+  before it drafted the target's argmax *and* the text continues with those same tokens: then
+  the head saw exactly the context greedy decoding would give it, and the record equals a
+  decoding one.
   On text the target wrote itself under greedy decoding (`draftsmith.data.regenerate`) every
   chain qualifies; on other text, chains are cut where text and target part. `accept_prob` is
   the expectation over the draft token, sum_x min(p(x), q(x)), which has the same mean given the

@@ -7,10 +7,9 @@ report, raw vs calibrated, over every token, each scored out of sample -> the ca
 on all folds -> calibration.json + calibration/report.md (and the records, records.parquet).
 
 Why cross-fitting rather than one fit / eval split: acceptance varies far more between documents
-than within one (a looping continuation accepts nearly every draft), so two halves differ in
-base rate by a few points by chance, and a single split's ECE measures that luck as much as the
-calibrator. Scoring every fold out of sample and pooling averages the fold differences out, and
-no token is ever scored by a calibrator that saw its document.
+than within one, so two halves differ in base rate by chance, and a single split's ECE measures
+that luck as much as the calibrator. Scoring every fold out of sample and pooling averages the
+fold differences out, and no token is ever scored by a calibrator that saw its document.
 """
 
 from __future__ import annotations
@@ -25,9 +24,7 @@ import numpy as np
 from datasets import Dataset
 
 from draftsmith.calibration.calibrators import build_calibrator, calibrator_class
-from draftsmith.calibration.collect import collect_from_decoding
 from draftsmith.calibration.metrics import bootstrap_ci, calibration_metrics, ece
-from draftsmith.decoding import SpeculativeDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -87,26 +84,6 @@ def prompts_from_texts(
             "--prompt-tokens"
         )
     return prompts
-
-
-def calibrate_decoder(
-    decoder: SpeculativeDecoder,
-    prompts: Sequence[str | list[int]],
-    artifact_dir: str | Path,
-    config: CalibrateConfig,
-    metadata: dict | None = None,
-) -> dict:
-    """Decode `prompts` recording every informative drafted token, then `calibrate_records`."""
-    sampling = config.temperature > 0
-    records = collect_from_decoding(
-        decoder,
-        prompts,
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature if sampling else 1.0,
-        decode_temperature=config.temperature,
-        seed=config.seed,
-    )
-    return calibrate_records(records, artifact_dir, config, metadata)
 
 
 def calibrate_records(

@@ -1,30 +1,22 @@
-"""Confidence signals and calibrators on synthetic data whose true acceptance law is known."""
+"""Calibrator kinds and auto selection on synthetic data whose true acceptance law is known."""
 
 from __future__ import annotations
-
-import json
-import math
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
 from draftsmith.calibration import (
-    SIGNAL_NAMES,
-    Calibrator,
     HistogramBinning,
     IsotonicCalibrator,
     PlattScaling,
     TemperatureScaling,
     build_calibrator,
-    confidence_signals,
     ece,
-    signal_matrix,
 )
+from draftsmith.core.signals import confidence_signals, signal_matrix
 
 KINDS = ("temperature", "platt", "isotonic", "histogram", "auto")
 
@@ -46,150 +38,38 @@ def step_law(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return conf, (rng.uniform(size=n) < p).astype(np.float64)
 
 
-# -- signals ---------------------------------------------------------------------------------------
-
-
-def test_signals_match_hand_computation():
-    probs = torch.tensor([[0.5, 0.3, 0.2], [0.05, 0.9, 0.05]])
-    signals = confidence_signals(probs.log())
-    assert tuple(signals) == SIGNAL_NAMES
-    entropy = -(probs * probs.log()).sum(-1)
-    torch.testing.assert_close(signals["top1_prob"], torch.tensor([0.5, 0.9]))
-    torch.testing.assert_close(signals["margin"], torch.tensor([0.2, 0.85]))
-    torch.testing.assert_close(signals["entropy"], entropy)
-    torch.testing.assert_close(signals["position"], torch.tensor([0.0, 1.0]))
-    torch.testing.assert_close(signals["path_prob"], torch.tensor([0.5, 0.45]))
-    torch.testing.assert_close(signals["composite"], torch.tensor([0.5, 0.9]) * (-entropy).exp())
-    assert all(s.shape == (2,) and s.dtype == torch.float32 for s in signals.values())
-
-
-@settings(max_examples=40, deadline=None, database=None)
-@given(
-    k=st.integers(1, 6),
-    vocab=st.integers(1, 40),
-    scale=st.floats(0.01, 30),
-    seed=st.integers(0, 2**16),
-)
-def test_signal_invariants(k, vocab, scale, seed):
-    logits = torch.randn(k, vocab, generator=torch.Generator().manual_seed(seed)) * scale
-    s = confidence_signals(logits)
-    assert ((s["top1_prob"] >= 1 / vocab - 1e-6) & (s["top1_prob"] <= 1)).all()
-    assert ((s["margin"] >= 0) & (s["margin"] <= s["top1_prob"])).all()
-    assert ((s["entropy"] >= -1e-6) & (s["entropy"] <= math.log(vocab) + 1e-5)).all()
-    assert (s["path_prob"][1:] <= s["path_prob"][:-1]).all()
-    assert ((s["composite"] > 0) & (s["composite"] <= s["top1_prob"] + 1e-7)).all()
-
-
-def test_signals_temperature_and_masked_tokens():
-    logits = torch.randn(4, 7)
-    hot = confidence_signals(logits, temperature=2.0)
-    for name, value in confidence_signals(logits / 2.0).items():
-        torch.testing.assert_close(hot[name], value)
-    # A masked (-inf) token contributes nothing: same signals as without it.
-    masked = torch.cat([logits, torch.full((4, 1), float("-inf"))], dim=1)
-    for name, value in confidence_signals(masked).items():
-        torch.testing.assert_close(value, confidence_signals(logits)[name])
-
-
-def test_signals_single_token_vocab_and_empty_draft():
-    one = confidence_signals(torch.zeros(3, 1))
-    torch.testing.assert_close(one["margin"], torch.ones(3))
-    torch.testing.assert_close(one["entropy"], torch.zeros(3))
-    empty = confidence_signals(torch.zeros(0, 5))
-    assert all(v.shape == (0,) for v in empty.values())
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        torch.tensor([[0.0, float("nan")]]),
-        torch.tensor([[0.0, float("inf")]]),
-        torch.tensor([[0.0, 1.0], [float("-inf"), float("-inf")]]),
-        torch.zeros(5),
-        torch.zeros(2, 3, dtype=torch.long),
-    ],
-)
-def test_signals_reject_bad_logits(bad):
-    with pytest.raises(ValueError, match="logits"):
-        confidence_signals(bad)
-
-
-def test_signals_reject_bad_temperature():
-    with pytest.raises(ValueError, match="temperature"):
-        confidence_signals(torch.zeros(2, 3), temperature=0.0)
-
-
-def test_signal_matrix_orders_columns_and_checks_names():
-    signals = confidence_signals(torch.randn(3, 5))
-    x = signal_matrix(signals, ["entropy", "top1_prob"])
-    assert x.shape == (3, 2) and x.dtype == np.float64
-    np.testing.assert_allclose(x[:, 1], signals["top1_prob"].numpy(), rtol=1e-6)
-    with pytest.raises(ValueError, match="unknown signals"):
-        signal_matrix(signals, ["logit"])
-    with pytest.raises(ValueError, match="missing"):
-        signal_matrix({"top1_prob": signals["top1_prob"]}, ["entropy"])
-
-
 # -- temperature -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def one_thread():
-    """Run torch single-threaded: these tensors are too small to gain from intra-op threads,
-    and on a busy machine every threaded op waits for a free core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_temperature_recovers_known_temperature_from_logits():
-    # Tokens are drawn from softmax(z) and accepted when an independent label from softmax(z)
-    # agrees, so P(accept) = softmax(z)[token]; the drafter reports 3z, so T = 3 undoes it.
-    torch.manual_seed(0)
-    z = torch.randn(4000, 12) * 1.5
-    probs = z.softmax(-1)
-    tokens = torch.multinomial(probs, 1).squeeze(1)
-    labels = torch.multinomial(probs, 1).squeeze(1)
-    hard = (labels == tokens).double().numpy()
-    # Tolerance ~4 standard deviations of the estimate at this N (measured over seeds).
-    assert TemperatureScaling().fit_logits(3 * z, tokens, hard).temperature == pytest.approx(
-        3.0, rel=0.1
-    )
-    # Soft outcomes (the acceptance probability itself) pin T much more tightly.
-    soft = probs.gather(1, tokens[:, None]).squeeze(1)
-    fitted = TemperatureScaling().fit_logits(3 * z, tokens, soft)
-    assert fitted.temperature == pytest.approx(3.0, rel=1e-3)
-    torch.testing.assert_close(fitted.predict_logits(3 * z, tokens), soft, atol=1e-4, rtol=0)
-    # Sampling temperature 1.5 is applied before T: the fitted T halves to undo the rest.
-    assert TemperatureScaling().fit_logits(
-        3 * z, tokens, soft, temperature=1.5
-    ).temperature == pytest.approx(2.0, rel=1e-3)
 
 
 def test_temperature_on_a_signal_recovers_known_temperature():
     conf, outcomes = overconfident(20000, seed=1, temperature=2.0)
-    fitted = TemperatureScaling().fit(conf, outcomes)
-    assert fitted.temperature == pytest.approx(2.0, rel=0.06)
-    assert fitted.input == "signal"
+    assert TemperatureScaling().fit(conf, outcomes).temperature == pytest.approx(2.0, rel=0.06)
 
 
-def test_temperature_logits_mode_predicts_only_from_logits():
-    z = torch.randn(50, 6)
-    tokens = z.argmax(-1)
-    fitted = TemperatureScaling().fit_logits(z, tokens, np.r_[np.ones(25), np.zeros(25)])
-    with pytest.raises(ValueError, match="predict_logits"):
-        fitted.predict(np.full(3, 0.5))
-    # predict_draft defaults to the argmax tokens.
-    torch.testing.assert_close(
-        fitted.predict_draft(z[:4]), fitted.predict_logits(z[:4], tokens[:4])
-    )
+def test_temperature_from_draft_logits_through_the_signals():
+    """The decoder's path: draft logits -> `confidence_signals` -> fit / `predict_signals`.
+
+    Two-token drafts with logits 3 * [z, 0] are accepted with probability sigmoid(|z|), the top-1
+    probability of [z, 0], so T = 3 undoes the overconfidence exactly; soft outcomes (the
+    acceptance probability itself) pin it tightly.
+    """
+    z = torch.randn(4000, generator=torch.Generator().manual_seed(0))
+    logits = 3 * torch.stack([z, torch.zeros_like(z)], dim=1)
+    accept_prob = torch.sigmoid(z.abs())
+    signals = confidence_signals(logits)
+    fitted = TemperatureScaling().fit(signals, accept_prob)
+    assert fitted.temperature == pytest.approx(3.0, rel=1e-3)
+    torch.testing.assert_close(fitted.predict_signals(signals), accept_prob, atol=1e-4, rtol=0)
+    # Sampling temperature 1.5 is applied in the signals: the fitted T undoes only the rest.
+    hot = confidence_signals(logits, temperature=1.5)
+    assert TemperatureScaling().fit(hot, accept_prob).temperature == pytest.approx(2.0, rel=1e-3)
 
 
 def test_temperature_needs_a_probability_signal():
     with pytest.raises(ValueError, match="probability signal"):
         TemperatureScaling(signals=["entropy"])
+    with pytest.raises(ValueError, match="must lie in \\[0, 1\\] for temperature"):
+        TemperatureScaling().fit(np.array([0.2, 1.5]), np.array([0.0, 1.0]))
 
 
 # -- platt -----------------------------------------------------------------------------------------
@@ -281,35 +161,6 @@ def test_fit_on_one_split_improves_ece_on_another(kind):
     assert after < 0.5 * before
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_save_load_round_trip_gives_identical_predictions(kind, tmp_path):
-    conf, outcomes = overconfident(2000, seed=7)
-    signals = ["top1_prob", "entropy"] if kind in ("platt", "auto") else ["top1_prob"]
-    calibrator = build_calibrator(kind, signals=signals)
-    calibrator.fit({"top1_prob": conf, "entropy": -np.log(conf)}, outcomes)
-    path = calibrator.save(tmp_path, {"metrics": {"before": {"ece": 0.1, "auroc": float("nan")}}})
-    assert path == tmp_path / "calibration.json"
-    assert [p.name for p in tmp_path.iterdir()] == ["calibration.json"]
-    payload = json.loads(path.read_text())  # plain JSON: NaN was written as null
-    assert payload["format_version"] == 1 and payload["metrics"]["before"]["auroc"] is None
-    loaded = Calibrator.load(path)
-    # auto saves the kind it chose, over that kind's signals.
-    chosen = calibrator.selected if kind == "auto" else calibrator
-    assert loaded.kind == chosen.kind and loaded.signals == chosen.signals
-    probe_conf = np.r_[conf, 1e-9, 0.5, 1.0]
-    probe = {"top1_prob": probe_conf, "entropy": -np.log(probe_conf)}
-    np.testing.assert_array_equal(loaded.predict(probe), calibrator.predict(probe))
-    assert loaded.to_dict() == {k: v for k, v in calibrator.to_dict().items() if k != "selection"}
-
-
-def test_temperature_logits_mode_round_trips(tmp_path):
-    z = torch.randn(200, 9)
-    tokens = z.argmax(-1)
-    fitted = TemperatureScaling().fit_logits(z, tokens, (torch.rand(200) < 0.5).double())
-    loaded = Calibrator.load(fitted.save(tmp_path / "c.json"))
-    torch.testing.assert_close(loaded.predict_draft(z, tokens), fitted.predict_draft(z, tokens))
-
-
 def test_auto_picks_the_parametric_law_and_the_flexible_one_when_needed():
     auto = build_calibrator("auto").fit(*overconfident(4000, seed=8))
     assert auto.selected.kind == "temperature"
@@ -329,19 +180,17 @@ def test_auto_skips_temperature_for_a_non_probability_signal():
     assert "temperature" not in auto.cv_nll and auto.selected.kind in auto.cv_nll
 
 
-def test_predict_signals_and_predict_draft_agree_with_predict():
+def test_predict_signals_agrees_with_predict():
     conf, outcomes = overconfident(1000, seed=10)
     platt = PlattScaling(signals=["top1_prob", "position"]).fit(
         np.stack([conf, np.arange(1000) % 5], axis=1), outcomes
     )
-    logits = torch.randn(5, 30)
-    signals = confidence_signals(logits)
+    signals = confidence_signals(torch.randn(5, 30))
     from_signals = platt.predict_signals(signals)
     assert from_signals.shape == (5,) and from_signals.dtype == torch.float32
     expected = platt.predict(signal_matrix(signals, platt.signals))
     np.testing.assert_allclose(from_signals.numpy(), expected, rtol=1e-6)
-    torch.testing.assert_close(platt.predict_draft(logits), from_signals)
-    assert platt.predict_draft(torch.zeros(0, 30)).shape == (0,)
+    assert platt.predict_signals(confidence_signals(torch.zeros(0, 30))).shape == (0,)
 
 
 # -- bad input -------------------------------------------------------------------------------------
@@ -377,25 +226,7 @@ def test_bad_features_outcomes_and_names_are_clear_errors():
         PlattScaling().predict(conf)
     with pytest.raises(ValueError, match="at least 10 drafted tokens"):
         build_calibrator("auto").fit(conf[:8], outcomes[6:14])
-    with pytest.raises(ValueError, match="logits"):
-        TemperatureScaling().fit_logits(
-            torch.tensor([[0.0, math.nan]]), torch.tensor([0]), np.ones(1)
-        )
-
-
-def test_load_rejects_bad_files(tmp_path):
-    conf, outcomes = overconfident(200, seed=11)
-    path = PlattScaling().fit(conf, outcomes).save(tmp_path / "calibration.json")
-    payload = json.loads(path.read_text())
-    path.write_text(json.dumps({**payload, "format_version": 99}))
-    with pytest.raises(ValueError, match="format_version 99"):
-        Calibrator.load(path)
-    path.write_text(json.dumps({**payload, "params": {"coef": [1.0, 2.0], "intercept": 0, "C": 1}}))
-    with pytest.raises(ValueError, match="2 coefs"):
-        Calibrator.load(path)
-    path.write_text(json.dumps({**payload, "kind": "auto"}))
-    with pytest.raises(ValueError, match="chosen kind"):
-        Calibrator.load(path)
-    path.write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
-        Calibrator.load(path)
+    with pytest.raises(ValueError, match="unknown calibrator kind 'beta'"):
+        build_calibrator("auto", candidates=["platt", "beta"])
+    with pytest.raises(ValueError, match="bad candidates"):
+        build_calibrator("auto", candidates=["auto"])

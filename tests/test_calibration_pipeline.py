@@ -1,4 +1,5 @@
-"""calibrate_decoder end to end on a tiny target: calibration.json, report and plots."""
+"""Calibration end to end on a tiny target: records from real decoding -> `calibrate_records`
+-> calibration.json, report, plots and the records."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from conftest import perturbed_copy
 from datasets import Dataset
 
 from draftsmith.calibration import Calibrator
+from draftsmith.calibration.collect import collect_from_decoding
 from draftsmith.calibration.pipeline import (
     CalibrateConfig,
-    calibrate_decoder,
+    calibrate_records,
     prompts_from_texts,
     source_folds,
 )
@@ -29,8 +31,16 @@ def test_calibration_json_and_report_are_written(llama, tmp_path, temperature):
         DraftModelDrafter(perturbed_copy(llama, 0.05)),
         policy=DraftLengthPolicy(max_draft_tokens=4),
     )
-    config = CalibrateConfig(method="platt", temperature=temperature, max_new_tokens=12)
-    payload = calibrate_decoder(decoder, PROMPTS, tmp_path, config, metadata={"target": "tiny"})
+    config = CalibrateConfig(method="platt", temperature=temperature)
+    # Greedy calibration records signals at temperature 1; sampling at the decoding temperature.
+    records = collect_from_decoding(
+        decoder,
+        PROMPTS,
+        max_new_tokens=12,
+        temperature=temperature or 1.0,
+        decode_temperature=temperature,
+    )
+    payload = calibrate_records(records, tmp_path, config, metadata={"target": "tiny"})
     saved = json.loads((tmp_path / "calibration.json").read_text())
     for key in ("method", "params", "signals", "n_fit", "n_eval"):
         assert key in saved
@@ -44,19 +54,21 @@ def test_calibration_json_and_report_are_written(llama, tmp_path, temperature):
             "auroc",
         }
     assert saved["outcome"] == ("accept_prob" if temperature else "accepted")
-    assert saved["n_fit"] > 0 and saved["n_eval"] > 0
-    assert payload["method"] == "platt"
-    assert Calibrator.load(tmp_path).kind == "platt"
+    assert saved["n_fit"] == saved["n_eval"] == len(records)
+    n_sources = len(set(records["source"]))
+    assert saved["evaluation"] == f"5-fold cross-fitted over {n_sources} sources"
+    assert payload["method"] == "platt" and payload["signals"] == list(config.signals)
+    loaded = Calibrator.load(tmp_path)
+    assert loaded.kind == "platt" and loaded.signals == config.signals
     report = (tmp_path / "calibration" / "report.md").read_text()
     assert "target" in report and "reliability" in report
     for png in (tmp_path / "calibration").glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list((tmp_path / "calibration").glob("*.png"))) == 3
-    records = Dataset.from_parquet(str(tmp_path / "calibration" / "records.parquet"))
-    assert len(records) == saved["n_eval"]
-    assert {"top1_prob", "accepted", "accept_prob", "source", "calibrated"} <= set(
-        records.column_names
-    )
+    written = Dataset.from_parquet(str(tmp_path / "calibration" / "records.parquet"))
+    assert len(written) == saved["n_eval"]
+    assert set(written.column_names) == {*records.column_names, "calibrated"}
+    assert written["accepted"] == records["accepted"]
 
 
 def test_prompts_from_texts_cuts_windows(byte_tokenizer):
