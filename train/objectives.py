@@ -24,10 +24,9 @@ draft started there needs), and replays greedy chain decoding over each row (`ta
 at position t accepts the a agreeing leading steps of t's chain and the target adds one token,
 so the next round starts at t + a + 1. Rounds start where the decoder's would, not at every
 position: averaging chains over every start over-weights easy stretches (a run the decoder
-crosses in one round counts once per position in it): on held-out code that average read 1.78
-where the replay, like the decoder, reads 1.64. On the target's own greedy text (every accepted draft is the data's next token)
-the replay is greedy decoding itself; on other text every step sees the data's tokens, so it
-estimates the decoder's tau.
+crosses in one round counts once per position in it). On the target's own greedy text (every
+accepted draft is the data's next token) the replay is greedy decoding itself; on other text
+every step sees the data's tokens, so it estimates the decoder's tau.
 """
 
 from __future__ import annotations

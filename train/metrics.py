@@ -1,0 +1,54 @@
+"""A run's metrics: objective outputs summed over batches, then reduced over processes into one record."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from draftsmith.train.objectives import Agreement, ObjectiveOutput
+
+__all__ = ["Totals"]
+
+
+class Totals:
+    """Sums of the objective outputs of some batches on this process (a log window, or an
+    evaluation); `reduce` turns them into one record over every process."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self._losses: torch.Tensor | None = None  # (1 + K,) the loss, then the K step losses
+        self._agreement: Agreement | None = None
+
+    def add(self, out: ObjectiveOutput) -> None:
+        losses = torch.cat([out.loss.detach().float()[None], out.step_losses.float()])
+        self._losses = losses if self._losses is None else self._losses + losses
+        agreement = out.agreement
+        self._agreement = agreement if self._agreement is None else self._agreement + agreement
+        self.batches += 1
+
+    def reduce(self, accelerator: Accelerator) -> dict[str, Any]:
+        """{loss, step_loss (K,), top1 (K,), acceptance (K,), tau_sim (K,), positions}: losses
+        averaged over batches and processes, agreement counted over all of them.
+        Every process calls it, each having added the same number of batches (an all-reduce)."""
+        if self._losses is None or self._agreement is None:
+            raise ValueError("no batches to reduce")
+        device = accelerator.device
+        losses = accelerator.reduce(self._losses.to(device), reduction="mean") / self.batches
+        counts = accelerator.reduce(self._agreement.as_tensor().to(device), reduction="sum")
+        agreement = Agreement.from_tensor(counts.cpu())
+        return {
+            "loss": float(losses[0]),
+            "step_loss": [round(float(x), 5) for x in losses[1:]],
+            "top1": _rounded(agreement.top1()),
+            "acceptance": _rounded(agreement.acceptance()),
+            "tau_sim": _rounded(agreement.tau_sim()),
+            "positions": int(agreement.total[0]),
+        }
+
+
+def _rounded(values: list[float]) -> list[float | None]:
+    """Rates for a JSON record: 5 decimals, None where nothing was counted (NaN)."""
+    return [None if math.isnan(v) else round(v, 5) for v in values]

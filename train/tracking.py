@@ -1,0 +1,108 @@
+"""Where a run's records go: ``metrics.jsonl`` in the run folder, and experiment trackers (wandb) through Accelerate."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from draftsmith.core.config import config_to_dict
+from draftsmith.train.config import TrainConfig
+
+__all__ = ["METRICS_FILE", "RunLog", "log_with", "wandb_mode"]
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def wandb_mode(config: TrainConfig) -> str:
+    """The run's wandb mode: as configured, else $WANDB_MODE, else offline (logs under
+    ``output_dir/wandb``, for ``wandb sync`` later)."""
+    return config.wandb_mode or os.environ.get("WANDB_MODE", "offline")
+
+
+def log_with(config: TrainConfig) -> list[str] | None:
+    """The trackers to build the run's `Accelerator` with (its ``log_with``)."""
+    return None if wandb_mode(config) == "disabled" else ["wandb"]
+
+
+class RunLog:
+    """The records of one run: one JSON line each in ``metrics.jsonl`` (``{"step", "split",
+    ...}``), eval lines on the console, and every record sent to the accelerator's trackers.
+
+    Only the main process writes; every process calls `finish`.
+    """
+
+    def __init__(self, accelerator: Accelerator, config: TrainConfig) -> None:
+        """accelerator: built with ``log_with=log_with(config)``."""
+        self.accelerator = accelerator
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        self.path = self.output_dir / METRICS_FILE
+
+    def start(self, resumed_step: int | None) -> None:
+        """Keep the records up to `resumed_step` (None: a fresh run keeps none) and start the
+        trackers."""
+        if not self.accelerator.is_main_process:
+            return
+        if resumed_step is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            _truncate(self.path, resumed_step)
+        self.accelerator.init_trackers(
+            self.config.wandb_project,
+            config=config_to_dict(self.config),
+            init_kwargs={
+                "wandb": {
+                    "mode": wandb_mode(self.config),
+                    "dir": str(self.output_dir),
+                    "name": self.output_dir.name,
+                }
+            },
+        )
+
+    def log(self, step: int, split: str, record: dict[str, Any]) -> None:
+        """Append `record` of `split` (train, eval, cache) at optimizer step `step`."""
+        if not self.accelerator.is_main_process:
+            return
+        record = {"step": step, "split": split, **record}
+        with self.path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        if split == "eval":
+            tqdm.write(
+                f"step {step}: held-out loss {record['loss']:.4f}, top-1 agreement by step "
+                f"{record['top1']}, tau_sim {record['tau_sim']}"
+            )
+        self.accelerator.log(_flatten(split, record), step=step)
+
+    def finish(self) -> None:
+        """Close the trackers. Accelerate's `end_training` also ends the process group, so this
+        is the run's last collective call."""
+        self.accelerator.end_training()
+
+
+def _flatten(split: str, record: dict[str, Any]) -> dict[str, float]:
+    """Tracker keys ``split/key``: lists become one series per draft step (1-based)."""
+    flat = {}
+    for key, value in record.items():
+        if key in ("step", "split"):
+            continue
+        if isinstance(value, list):
+            flat.update({f"{split}/{key}_{k + 1}": v for k, v in enumerate(value) if v is not None})
+        else:
+            flat[f"{split}/{key}"] = value
+    return flat
+
+
+def _truncate(path: Path, step: int) -> None:
+    """Drop the records a resumed run writes again (those after its checkpoint's `step`); the
+    kept ones are written under a temporary name, then renamed over the file."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    tmp.replace(path)
