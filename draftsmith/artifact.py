@@ -1,16 +1,18 @@
 """The one artifact format of trained drafters: write it (`save_artifact`), check and load it
 (`load_drafter`), and identify the target it belongs to (`target_fingerprint`).
 
-    config.json         draftsmith_version, drafter kind, head hyper-parameters, target
+    config.json         draftsmith_version, drafter kind, head (the kind's config), target
                         (name_or_path, architecture, vocab_size, hidden_size, num_hidden_layers,
                         fingerprint), feature_layers, draft_vocab, training
     model.safetensors   the head's own tensors (never the target's shared modules)
     calibration.json    optional, written by calibration
     README.md           model card
 
-Loading validates before it trusts: the files exist, the version is readable, the kind is known,
-the target is the one the head was trained for (vocabulary, then fingerprint), the tensors are
-intact and exactly the ones the head has, finite, and not all still at their initialisation.
+Loading validates before it trusts: the files exist, the version is readable (older formats are
+upgraded on read), the kind is known and the head config fits its config class (all of which
+`read_artifact_config` checks without a target), the target is the one the head was trained for
+(vocabulary, then fingerprint), the tensors are intact and exactly the ones the head has, finite,
+and not all still at their initialisation.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from draftsmith.calibration import Calibrator
-from draftsmith.heads import Drafter, drafter_class
-from draftsmith.heads.trainable import DraftHead
+from draftsmith.core.config import ConfigError, config_to_dict
+from draftsmith.heads import Drafter
+from draftsmith.heads.trainable import DraftHead, head_class, head_config
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +150,7 @@ def save_artifact(
     config = {
         "draftsmith_version": __version__,
         "drafter": head.kind,
-        "head": head.hyper_parameters(),
+        "head": config_to_dict(head.config),
         "target": _target_record(target, target_name_or_path),
         "feature_layers": list(head.target_feature_layers),
         "draft_vocab": None if draft_to_target is None else {"size": int(draft_to_target.numel())},
@@ -213,7 +216,7 @@ def model_card(config: dict[str, Any]) -> str:
         "## Head",
         "",
         f"- kind: `{config['drafter']}`",
-        f"- hyper-parameters: `{json.dumps(_without(config['head'], 'draft_config'))}`",
+        f"- config: `{json.dumps(_without(config['head'], 'draft_config'))}`",
         f"- draft vocabulary: {config['draft_vocab']['size'] if config['draft_vocab'] else 'full'}",
         "",
         "## Training",
@@ -281,16 +284,16 @@ def load_head(
     dtype (its training-side interface, e.g. for teacher-forced calibration); checked as
     `load_drafter` checks it."""
     path = Path(path)
-    config = _read_config(path)
-    head_cls = _head_class(config, path)
+    config = read_artifact_config(path)
+    kind = config["drafter"]
     _check_target(config, target, path)
     tensors = _read_tensors(path)
     try:
-        head = head_cls.from_target_config(target.config, **config["head"])
-    except (TypeError, ValueError) as error:
+        head = head_class(kind)(target.config, head_config(kind, config["head"], "head"))
+    except ValueError as error:
         raise ValueError(
-            f"{path / CONFIG_FILE}: cannot build the {config['drafter']} head from "
-            f"its hyper-parameters {config['head']}: {error}"
+            f"{path / CONFIG_FILE}: cannot build the {kind} head for this target from its "
+            f"config {config['head']}: {error}"
         ) from error
     _check_layout(head, config, path)
     head.bind_target(target)  # before loading: binding may initialise a fresh head
@@ -302,7 +305,12 @@ def load_head(
     return head.eval()
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_artifact_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The artifact's config.json in this version's format, checked without a target: the files
+    are there, the JSON parses, the version is readable (an older format is upgraded), the kind
+    is a trainable head and `head` fits the kind's config class. Commands call it to check an
+    artifact before loading any model."""
+    path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(
             f"no drafter artifact at {path}: give the directory written by training "
@@ -314,16 +322,54 @@ def _read_config(path: Path) -> dict[str, Any]:
                 f"{path} is not a complete drafter artifact: {name} is missing (an interrupted "
                 "export? export the drafter again)"
             )
+    file = path / CONFIG_FILE
     try:
-        config = json.loads((path / CONFIG_FILE).read_text())
+        config = json.loads(file.read_text())
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path / CONFIG_FILE} is not valid JSON: {error}") from error
-    missing = [
-        key for key in ("draftsmith_version", "drafter", "head", "target") if key not in config
-    ]
-    if missing:
-        raise ValueError(f"{path / CONFIG_FILE} lacks {missing}: not a draftsmith artifact config")
-    _check_version(config["draftsmith_version"], path)
+        raise ValueError(f"{file} is not valid JSON: {error}") from error
+    keys = ("draftsmith_version", "drafter", "head", "target")
+    if not isinstance(config, dict) or any(key not in config for key in keys):
+        raise ValueError(f"{file} lacks some of {list(keys)}: not a draftsmith artifact config")
+    if not isinstance(config["head"], dict):
+        raise ValueError(
+            f"{file}: head must be a mapping of the head config, got {config['head']!r}"
+        )
+    written = _check_version(config["draftsmith_version"], path)
+    config = _upgrade(config, written)
+    kind = config["drafter"]
+    _check_kind(kind, path)
+    try:
+        head_config(kind, config["head"], "head")
+    except ConfigError as error:
+        found, running = config["draftsmith_version"], _version_tuple(__version__)
+        if written == running:
+            raise ValueError(
+                f"{file}: the {kind} head config does not fit: {error}. Correct it, or export "
+                "the drafter again"
+            ) from None
+        raise ValueError(
+            f"{file}: the {kind} head config, written by draftsmith {found} (format "
+            f"{_format(written)}), does not fit format {_format(running)} even upgraded: "
+            f"{error}. Load it with draftsmith {found}, or retrain the head with this "
+            f"draftsmith {__version__}"
+        ) from None
+    return config
+
+
+OLDEST_FORMAT = (0, 1)
+"""The oldest format (draftsmith major.minor) `_upgrade` brings to this version's."""
+_RENAMED_IN_0_2 = {"medusa": {"num_heads": "num_steps"}, "mtp": {"num_modules": "num_steps"}}
+
+
+def _upgrade(config: dict[str, Any], written: tuple[int, int]) -> dict[str, Any]:
+    """`config` (written in format `written`) as this version writes it.
+
+    0.1 -> 0.2: the number of draft steps has one name across kinds, `num_steps`: medusa's
+    `num_heads` and mtp's `num_modules` under "head" are renamed.
+    """
+    if written < (0, 2):
+        renamed = _RENAMED_IN_0_2.get(config["drafter"], {})
+        config = {**config, "head": {renamed.get(k, k): v for k, v in config["head"].items()}}
     return config
 
 
@@ -332,7 +378,12 @@ def _version_tuple(version: Any) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _check_version(found: Any, path: Path) -> None:
+def _format(version: tuple[int, int]) -> str:
+    return ".".join(map(str, version))
+
+
+def _check_version(found: Any, path: Path) -> tuple[int, int]:
+    """The format (major, minor) that wrote the artifact, if this version reads it."""
     written, running = _version_tuple(found), _version_tuple(__version__)
     if written is None:
         raise ValueError(f"{path / CONFIG_FILE}: unreadable draftsmith_version {found!r}")
@@ -341,17 +392,20 @@ def _check_version(found: Any, path: Path) -> None:
             f"{path} was written by draftsmith {found}, newer than this draftsmith "
             f"{__version__}: upgrade draftsmith to load it"
         )
+    if written < OLDEST_FORMAT:
+        raise ValueError(
+            f"{path} was written by draftsmith {found} (format {_format(written)}), older than "
+            f"this draftsmith {__version__} reads (format {_format(OLDEST_FORMAT)} on): load it "
+            f"with draftsmith {found}, or retrain the head with this one"
+        )
+    return written
 
 
-def _head_class(config: dict[str, Any], path: Path) -> type[DraftHead]:
-    kind = config["drafter"]
+def _check_kind(kind: Any, path: Path) -> None:
     try:
-        cls = drafter_class(kind)
-    except KeyError as error:
-        raise ValueError(f"{path}: unknown drafter kind {kind!r} ({error.args[0]})") from None
-    if not issubclass(cls, DraftHead):
-        raise ValueError(f"{path}: drafter kind {kind!r} has no trained weights to load")
-    return cls
+        head_class(kind)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -393,14 +447,14 @@ def _check_layout(head: DraftHead, config: dict[str, Any], path: Path) -> None:
     if config.get("feature_layers", layers) != layers:
         raise ValueError(
             f"{path / CONFIG_FILE}: feature_layers {config['feature_layers']} disagree with the "
-            f"head's hyper-parameters, which read {layers}"
+            f"head config, which reads {layers}"
         )
     d2t = head.draft_to_target()
     size = None if d2t is None else {"size": int(d2t.numel())}
     if config.get("draft_vocab", size) != size:
         raise ValueError(
-            f"{path / CONFIG_FILE}: draft_vocab {config['draft_vocab']} disagrees with the head's "
-            f"hyper-parameters ({size})"
+            f"{path / CONFIG_FILE}: draft_vocab {config['draft_vocab']} disagrees with the head "
+            f"config ({size})"
         )
 
 

@@ -1,34 +1,52 @@
 """Drafters: the modules that propose tokens for a target, behind one `Drafter` interface.
 
 Importing this package registers every built-in kind: the draft-model and n-gram drafters and
-the trainable heads (medusa, mtp, eagle, eagle3, distilled)."""
+the trainable heads (medusa, mtp, eagle, eagle3, distilled), each with its typed config."""
 
 from draftsmith.heads.base import Draft, Drafter, StopFn, drafter_class, register_drafter
-from draftsmith.heads.distilled import DistilledHead
+from draftsmith.heads.distilled import DistilledConfig, DistilledHead
 from draftsmith.heads.draft_model import DraftModelDrafter
-from draftsmith.heads.eagle import EagleHead
-from draftsmith.heads.eagle3 import Eagle3Head
-from draftsmith.heads.medusa import MedusaHead
-from draftsmith.heads.mtp import MTPHead
+from draftsmith.heads.eagle import EagleConfig, EagleHead
+from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.heads.medusa import MedusaConfig, MedusaHead
+from draftsmith.heads.mtp import MTPConfig, MTPHead
 from draftsmith.heads.ngram import NgramDrafter
-from draftsmith.heads.trainable import DraftHead, build_head, fit_draft_vocab
-from draftsmith.heads.vocab import build_draft_vocab
+from draftsmith.heads.trainable import (
+    DraftHead,
+    HeadConfig,
+    StepsConfig,
+    build_head,
+    fit_draft_vocab,
+    head_class,
+    head_config,
+)
+from draftsmith.heads.vocab import DraftVocabConfig, build_draft_vocab
 
 __all__ = [
+    "DistilledConfig",
+    "DistilledHead",
     "Draft",
     "DraftHead",
-    "Drafter",
-    "DistilledHead",
     "DraftModelDrafter",
+    "DraftVocabConfig",
+    "Drafter",
+    "Eagle3Config",
     "Eagle3Head",
+    "EagleConfig",
     "EagleHead",
+    "HeadConfig",
+    "MTPConfig",
     "MTPHead",
+    "MedusaConfig",
     "MedusaHead",
     "NgramDrafter",
+    "StepsConfig",
     "StopFn",
     "build_draft_vocab",
     "build_head",
     "drafter_class",
     "fit_draft_vocab",
+    "head_class",
+    "head_config",
     "register_drafter",
 ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -20,9 +22,8 @@ from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import seeded, text_config
 from draftsmith.heads.draft_model import DraftModelDrafter
-from draftsmith.heads.trainable import DraftHead
+from draftsmith.heads.trainable import DraftHead, HeadConfig
 
-INITS = ("from_target", "sibling")
 _LAYER = re.compile(r"\blayers\.(\d+)\.")
 
 
@@ -35,88 +36,81 @@ def layer_subset_config(target_config: PretrainedConfig, layers: Sequence[int]) 
     return config
 
 
+@dataclass(kw_only=True)
+class DistilledConfig(HeadConfig):
+    """Distilled draft model hyper-parameters."""
+
+    init: Literal["from_target", "sibling"] = "from_target"
+    """from_target: a copy of the target's `layers`, weights copied when the head is bound;
+    sibling: the pretrained causal LM `model`, sharing the target's vocabulary."""
+    model: str | None = None
+    """The sibling draft model (init=sibling): zoo name, folder or hub id."""
+    layers: list[int] | None = None
+    """The target's layers the draft model keeps (init=from_target), distinct and ascending;
+    None: every other one."""
+    lora_rank: int = 0
+    """Train LoRA adapters of this rank instead of the weights; 0: train the weights."""
+    lora_alpha: float | None = None
+    """LoRA scaling alpha; None: 2 * lora_rank."""
+    draft_config: dict[str, Any] | None = None
+    """The draft model's full transformers config: rebuilds the architecture without fetching
+    `model` (how an artifact reloads). from_target weights are still copied when the head is
+    bound; a sibling's are left fresh for the saved ones to replace."""
+
+    def __post_init__(self) -> None:
+        layers = self.layers
+        if layers is not None and (not layers or layers[0] < 0 or sorted(set(layers)) != layers):
+            raise ValueError(f"layers must be distinct ascending layer indices, got {layers}")
+        if self.init == "sibling" and self.model is None and self.draft_config is None:
+            raise ValueError('init="sibling" needs model=NAME_OR_PATH of a pretrained draft model')
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must not be negative, got {self.lora_rank}")
+
+
 @register_drafter("distilled")
 class DistilledHead(DraftHead):
     """A causal LM drafting on its own (no target features); `forward_train` returns its
     next-token logits, the one step of the alignment convention."""
 
+    config_class = DistilledConfig
     num_steps = 1
     target_feature_layers = ()
 
-    def __init__(self, model: PreTrainedModel, hyper: dict, *, copy_target: bool) -> None:
+    def __init__(self, target_config: PretrainedConfig, config: DistilledConfig) -> None:
         super().__init__()
-        self.model = model
-        self._hyper = hyper
-        self._copy_target = copy_target  # initialise from the target at the first bind_target
-
-    @classmethod
-    def from_target_config(
-        cls,
-        target_config: PretrainedConfig,
-        *,
-        init: str = "from_target",
-        model: str | None = None,
-        layers: Sequence[int] | None = None,
-        lora_rank: int = 0,
-        lora_alpha: float | None = None,
-        draft_config: dict | None = None,
-        seed: int = 0,
-    ) -> DistilledHead:
-        """init: "from_target" (the target's `layers`, default every other one, copied from the
-        target when the head is bound) or "sibling" (the pretrained causal LM `model`, a zoo
-        name, folder or hub id, sharing the target's vocabulary). lora_rank > 0 trains LoRA
-        adapters of that rank (alpha default 2 * rank) instead of the weights. draft_config: the
-        draft model's full config, which rebuilds the architecture without fetching `model` (how
-        an artifact is reloaded): "from_target" weights are still copied at bind_target, a
-        sibling's are left freshly initialised for the saved ones to replace."""
         target = text_config(target_config)
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {init!r}")
-        if layers is None:
-            layers = list(range(0, target.num_hidden_layers, 2))
-        layers = [int(i) for i in layers]
-        if init == "from_target" and (
-            not layers
-            or sorted(set(layers)) != layers
-            or not 0 <= layers[-1] < target.num_hidden_layers
-        ):
-            raise ValueError(
-                f"layers must be distinct ascending indices of the target's "
-                f"{target.num_hidden_layers} layers, got {layers}"
-            )
-        if init == "sibling" and model is None and draft_config is None:
-            raise ValueError('init="sibling" needs model=NAME_OR_PATH of a pretrained draft model')
-        if lora_rank < 0:
-            raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
-        hyper = {
-            "init": init,
-            "model": model,
-            "layers": layers if init == "from_target" else None,
-            "lora_rank": lora_rank,
-            "lora_alpha": lora_alpha,
-            "seed": seed,
-        }
-        with seeded(seed):
-            if draft_config is not None:
-                config = AutoConfig.for_model(**draft_config)
-                draft = AutoModelForCausalLM.from_config(config)
-            elif init == "sibling":
+        layers = None
+        if config.init == "from_target":
+            layers = config.layers or list(range(0, target.num_hidden_layers, 2))
+            if layers[-1] >= target.num_hidden_layers:
+                raise ValueError(
+                    f"layers must index the target's {target.num_hidden_layers} layers, "
+                    f"got {layers}"
+                )
+        with seeded(config.seed):
+            if config.draft_config is not None:
+                draft = AutoModelForCausalLM.from_config(
+                    AutoConfig.for_model(**config.draft_config)
+                )
+            elif config.init == "sibling":
                 from draftsmith.core.models import load_model
 
-                draft = load_model(model)[0].float()
+                draft = load_model(config.model)[0].float()
             else:
                 draft = AutoModelForCausalLM.from_config(layer_subset_config(target_config, layers))
             _check_vocabulary(draft, target)
-            if lora_rank:
-                draft = _with_lora(draft, lora_rank, lora_alpha or 2 * lora_rank)
-        return cls(draft, hyper, copy_target=init == "from_target")
+            if config.lora_rank:
+                alpha = config.lora_alpha or 2 * config.lora_rank
+                draft = _with_lora(draft, config.lora_rank, alpha)
+        self.model = draft
+        # Resolved: the layers kept and the architecture built, so an artifact rebuilds it alone.
+        built = draft.get_base_model() if config.lora_rank else draft
+        self.config = replace(config, layers=layers, draft_config=built.config.to_dict())
+        self._copy_target = config.init == "from_target"  # copied at the first bind_target
 
     def causal_lm(self) -> PreTrainedModel:
         """The draft causal LM itself (LoRA adapters, if any, live inside its layers)."""
-        return self.model.get_base_model() if self._hyper["lora_rank"] else self.model
-
-    def hyper_parameters(self) -> dict:
-        return {**self._hyper, "draft_config": self.causal_lm().config.to_dict()}
+        return self.model.get_base_model() if self.config.lora_rank else self.model
 
     def bind_target(self, target: PreTrainedModel) -> None:
         if self._copy_target:
@@ -126,7 +120,7 @@ class DistilledHead(DraftHead):
     def _copy_layers_from(self, target: PreTrainedModel) -> None:
         """Load the target's weights for the kept layers (and embeddings, norm, LM head)."""
         source = target.state_dict()
-        layers = self._hyper["layers"]
+        layers = self.config.layers
         mapped = {}
         for name in self.causal_lm().state_dict():
             if "lora_" in name:

@@ -9,6 +9,7 @@ same machinery (`FeatureRecurrentHead`, `FeatureDrafter`) runs EAGLE-3 (`eagle3.
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from draftsmith.heads.blocks import (
     text_config,
 )
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
-from draftsmith.heads.trainable import DraftHead
+from draftsmith.heads.trainable import DraftHead, StepsConfig
 
 
 def unrolled_mask(rows: int, step: int) -> torch.Tensor:
@@ -115,6 +116,24 @@ class FeatureRecurrentHead(SharesTargetParts, DraftHead):
         return FeatureDrafter(self, text_config(target.config).vocab_size)
 
 
+@dataclass(kw_only=True)
+class EagleConfig(StepsConfig):
+    """EAGLE-1 head hyper-parameters."""
+
+    num_steps: int = 1
+    """Unrolled draft steps trained per position (EAGLE-1 trained 1; more also train the head
+    on its own predicted features)."""
+    feature_loss_weight: float = 1.0
+    """Weight of EAGLE's feature regression (smooth L1) next to the objective; 0: none."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.feature_loss_weight < 0:
+            raise ValueError(
+                f"feature_loss_weight must not be negative, got {self.feature_loss_weight}"
+            )
+
+
 @register_drafter("eagle")
 class EagleHead(FeatureRecurrentHead):
     """EAGLE-1: fc([feature ; embedding]) (2H -> H) -> one decoder layer -> predicted feature,
@@ -126,37 +145,19 @@ class EagleHead(FeatureRecurrentHead):
     between predicted and target features) as `auxiliary_loss`.
     """
 
-    def __init__(
-        self,
-        target_config: PretrainedConfig,
-        *,
-        num_steps: int = 1,
-        feature_loss_weight: float = 1.0,
-        seed: int = 0,
-    ) -> None:
+    config_class = EagleConfig
+
+    def __init__(self, target_config: PretrainedConfig, config: EagleConfig) -> None:
         super().__init__()
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        config = text_config(target_config)
-        self.num_steps, self.feature_loss_weight, self.seed = num_steps, feature_loss_weight, seed
-        self.hidden_size = config.hidden_size
-        self.target_feature_layers = (config.num_hidden_layers,)
-        with seeded(seed):
-            self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size)
-            self.block = DecoderBlock(config)
+        text = text_config(target_config)
+        self.config, self.num_steps = config, config.num_steps
+        self.hidden_size = text.hidden_size
+        self.target_feature_layers = (text.num_hidden_layers,)
+        with seeded(config.seed):
+            self.fc = nn.Linear(2 * text.hidden_size, text.hidden_size)
+            self.block = DecoderBlock(text)
         self._target = None
         self._auxiliary: torch.Tensor | None = None
-
-    @classmethod
-    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> EagleHead:
-        return cls(target_config, **hyper)
-
-    def hyper_parameters(self) -> dict:
-        return {
-            "num_steps": self.num_steps,
-            "feature_loss_weight": self.feature_loss_weight,
-            "seed": self.seed,
-        }
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return features.to(self.fc.weight)
@@ -169,7 +170,8 @@ class EagleHead(FeatureRecurrentHead):
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         predicted = self.predict_features(batch)
-        self._auxiliary = self._feature_loss(predicted, batch) if self.feature_loss_weight else None
+        weight = self.config.feature_loss_weight
+        self._auxiliary = self._feature_loss(predicted, batch) if weight else None
         return [self.logits(h) for h in predicted]
 
     def _feature_loss(self, predicted: list[torch.Tensor], batch: TargetBatch) -> torch.Tensor:
@@ -182,7 +184,7 @@ class EagleHead(FeatureRecurrentHead):
             mask = batch.loss_mask[:, j:].to(device=hidden.device, dtype=torch.bool)
             error = F.smooth_l1_loss(hidden[:, : rows - j], target[:, j:], reduction="none")
             losses.append(error.mean(-1).where(mask, 0.0).sum() / mask.sum().clamp_min(1))
-        return self.feature_loss_weight * torch.stack(losses).mean()
+        return self.config.feature_loss_weight * torch.stack(losses).mean()
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         return self._auxiliary

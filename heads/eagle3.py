@@ -15,7 +15,7 @@ at the projected input.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -24,7 +24,8 @@ from transformers import PretrainedConfig
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import DecoderBlock, rms_norm, seeded, text_config
 from draftsmith.heads.eagle import FeatureRecurrentHead
-from draftsmith.heads.vocab import DraftVocabulary
+from draftsmith.heads.trainable import StepsConfig
+from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -33,56 +34,53 @@ def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
     return tuple(min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3))
 
 
+@dataclass(kw_only=True)
+class Eagle3Config(DraftVocabConfig, StepsConfig):
+    """EAGLE-3 head hyper-parameters."""
+
+    num_steps: int = 4
+    """Training-time test depth: draft steps unrolled on the head's own outputs."""
+    feature_layers: list[int] | None = None
+    """Indices into the target's hidden_states (0 = embeddings) whose features are fused;
+    None: EAGLE-3's low, middle and high layers (2, N // 2, N - 3)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.feature_layers is not None and not self.feature_layers:
+            raise ValueError("feature_layers must name at least one layer (or be null)")
+
+
 @register_drafter("eagle3")
 class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
     """EAGLE-3 head with its own final norm and LM head, over the full target vocabulary
     (`draft_vocab_size` None) or a reduced one (`DraftVocabulary`)."""
 
-    def __init__(
-        self,
-        target_config: PretrainedConfig,
-        *,
-        feature_layers: Sequence[int] | None = None,
-        num_steps: int = 4,
-        draft_vocab_size: int | None = None,
-        seed: int = 0,
-    ) -> None:
+    config_class = Eagle3Config
+
+    def __init__(self, target_config: PretrainedConfig, config: Eagle3Config) -> None:
         super().__init__()
-        config = text_config(target_config)
-        layers = config.num_hidden_layers
-        if feature_layers is None:
-            feature_layers = default_feature_layers(layers)
-        if not feature_layers or any(not -layers - 1 <= i <= layers for i in feature_layers):
+        text = text_config(target_config)
+        layers = text.num_hidden_layers
+        feature_layers = config.feature_layers or default_feature_layers(layers)
+        if any(not -layers - 1 <= i <= layers for i in feature_layers):
             raise ValueError(
                 f"feature_layers must index the target's hidden_states (0 .. {layers}), "
                 f"got {list(feature_layers)}"
             )
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        vocab, hidden = config.vocab_size, config.hidden_size
-        self.init_draft_vocab(vocab, draft_vocab_size)
+        vocab, hidden = text.vocab_size, text.hidden_size
+        self.init_draft_vocab(vocab, config.draft_vocab_size)
         self.target_feature_layers = tuple(i % (layers + 1) for i in feature_layers)
-        self.num_steps, self.seed, self.hidden_size = num_steps, seed, hidden
-        with seeded(seed):
+        # The layers as read, so the saved config does not depend on this version's defaults.
+        self.config = replace(config, feature_layers=list(self.target_feature_layers))
+        self.num_steps, self.hidden_size = config.num_steps, hidden
+        with seeded(config.seed):
             self.fc = nn.Linear(len(self.target_feature_layers) * hidden, hidden, bias=False)
-            self.hidden_norm, self.embed_norm = rms_norm(config), rms_norm(config)
+            self.hidden_norm, self.embed_norm = rms_norm(text), rms_norm(text)
             self.proj = nn.Linear(2 * hidden, hidden, bias=False)
-            self.block = DecoderBlock(config)
-            self.norm = rms_norm(config)
-            self.lm_head = nn.Linear(hidden, draft_vocab_size or vocab, bias=False)
+            self.block = DecoderBlock(text)
+            self.norm = rms_norm(text)
+            self.lm_head = nn.Linear(hidden, config.draft_vocab_size or vocab, bias=False)
         self._target = None
-
-    @classmethod
-    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> Eagle3Head:
-        return cls(target_config, **hyper)
-
-    def hyper_parameters(self) -> dict:
-        return {
-            "feature_layers": list(self.target_feature_layers),
-            "num_steps": self.num_steps,
-            "draft_vocab_size": self.draft_vocab_size,
-            "seed": self.seed,
-        }
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return self.fc(features.to(self.fc.weight))

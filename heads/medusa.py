@@ -9,6 +9,8 @@ which the target already gave.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
@@ -18,8 +20,8 @@ from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
 from draftsmith.heads.blocks import SharesTargetParts, TargetParts, seeded, text_config
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, to_target_vocab
-from draftsmith.heads.trainable import DraftHead
-from draftsmith.heads.vocab import DraftVocabulary
+from draftsmith.heads.trainable import DraftHead, StepsConfig
+from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
 
 
 class ResBlock(nn.Module):
@@ -35,6 +37,22 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
+@dataclass(kw_only=True)
+class MedusaConfig(DraftVocabConfig, StepsConfig):
+    """Medusa head hyper-parameters."""
+
+    num_steps: int = 5
+    """K residual heads, head k predicting the token k + 1 ahead; head 0 re-predicts the
+    target's own token, so a draft holds up to K - 1 tokens."""
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 2:
+            raise ValueError(
+                f"num_steps must be at least 2 (head 0 only repeats the target's token), "
+                f"got {self.num_steps}"
+            )
+
+
 @register_drafter("medusa")
 class MedusaHead(DraftVocabulary, SharesTargetParts, DraftHead):
     """K residual heads sharing the target's LM head (its rows of the draft vocabulary when
@@ -46,40 +64,18 @@ class MedusaHead(DraftVocabulary, SharesTargetParts, DraftHead):
     token.
     """
 
+    config_class = MedusaConfig
     first_drafted_step = 1  # head 0 re-predicts the target's own next token
 
-    def __init__(
-        self,
-        target_config: PretrainedConfig,
-        *,
-        num_heads: int = 5,
-        draft_vocab_size: int | None = None,
-        seed: int = 0,
-    ):
+    def __init__(self, target_config: PretrainedConfig, config: MedusaConfig) -> None:
         super().__init__()
-        if num_heads < 2:
-            raise ValueError(
-                f"num_heads must be >= 2 (head 0 only repeats the target's token), got {num_heads}"
-            )
-        config = text_config(target_config)
-        self.init_draft_vocab(config.vocab_size, draft_vocab_size)
-        self.num_heads, self.seed = num_heads, seed
-        self.num_steps = num_heads
-        self.target_feature_layers = (config.num_hidden_layers,)
-        with seeded(seed):
-            self.heads = nn.ModuleList(ResBlock(config.hidden_size) for _ in range(num_heads))
+        text = text_config(target_config)
+        self.init_draft_vocab(text.vocab_size, config.draft_vocab_size)
+        self.config, self.num_steps = config, config.num_steps
+        self.target_feature_layers = (text.num_hidden_layers,)
+        with seeded(config.seed):
+            self.heads = nn.ModuleList(ResBlock(text.hidden_size) for _ in range(self.num_steps))
         self._target: TargetParts | None = None
-
-    @classmethod
-    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> MedusaHead:
-        return cls(target_config, **hyper)
-
-    def hyper_parameters(self) -> dict:
-        return {
-            "num_heads": self.num_heads,
-            "draft_vocab_size": self.draft_vocab_size,
-            "seed": self.seed,
-        }
 
     def head_logits(self, features: torch.Tensor, k: int) -> torch.Tensor:
         """features (B, T, H) -> head k's logits (B, T, V_d) of the token at t + 1 + k."""
@@ -90,7 +86,7 @@ class MedusaHead(DraftVocabulary, SharesTargetParts, DraftHead):
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         if batch.features is None:
             raise ValueError("Medusa reads the target's last hidden state: batch.features is None")
-        return [self.head_logits(batch.features, k) for k in range(self.num_heads)]
+        return [self.head_logits(batch.features, k) for k in range(self.num_steps)]
 
     def as_drafter(self, target: PreTrainedModel) -> MedusaDrafter:
         self.bind_target(target)
@@ -122,12 +118,12 @@ class MedusaDrafter(Drafter):
     ) -> Draft:
         newest = len(self._features) - 1
         builder = DraftBuilder(
-            min(max_draft_tokens, self.head.num_heads - 1), sampling, generator, stop
+            min(max_draft_tokens, self.head.num_steps - 1), sampling, generator, stop
         )
         if builder.done or newest == 0:  # a one-token prompt: no feature to read yet
             return Draft.empty()
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
-        for k in range(1, self.head.num_heads):
+        for k in range(1, self.head.num_steps):
             logits = self.head.head_logits(feature, k)[0, -1].float()
             builder.add(to_target_vocab(logits, self._d2t, self.vocab_size))
             if builder.done:

@@ -12,6 +12,8 @@ t + 1 + k, the alignment convention of `DraftHead` (DeepSeek's module k + 1 at p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
@@ -31,8 +33,8 @@ from draftsmith.heads.blocks import (
     text_config,
 )
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
-from draftsmith.heads.trainable import DraftHead
-from draftsmith.heads.vocab import DraftVocabulary
+from draftsmith.heads.trainable import DraftHead, StepsConfig
+from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
 
 
 class MTPModule(nn.Module):
@@ -57,42 +59,32 @@ class MTPModule(nn.Module):
         return self.block(x, positions, mask, cache)
 
 
+@dataclass(kw_only=True)
+class MTPConfig(DraftVocabConfig, StepsConfig):
+    """MTP head hyper-parameters."""
+
+    num_steps: int = 2
+    """K chained MTP modules, module k predicting the token k + 1 ahead (a draft holds up to
+    K tokens)."""
+
+
 @register_drafter("mtp")
 class MTPHead(DraftVocabulary, SharesTargetParts, DraftHead):
     """K chained MTP modules sharing the target's embeddings, final norm and LM head (its rows
     of the draft vocabulary when `draft_vocab_size` is set: see `DraftVocabulary`)."""
 
-    def __init__(
-        self,
-        target_config: PretrainedConfig,
-        *,
-        num_modules: int = 2,
-        draft_vocab_size: int | None = None,
-        seed: int = 0,
-    ):
+    config_class = MTPConfig
+
+    def __init__(self, target_config: PretrainedConfig, config: MTPConfig) -> None:
         super().__init__()
-        if num_modules < 1:
-            raise ValueError(f"num_modules must be >= 1, got {num_modules}")
-        config = text_config(target_config)
-        self.init_draft_vocab(config.vocab_size, draft_vocab_size)
-        self.num_modules, self.seed = num_modules, seed
-        self.num_steps = num_modules
-        self.hidden_size = config.hidden_size
-        self.target_feature_layers = (config.num_hidden_layers,)
-        with seeded(seed):
-            self.depths = nn.ModuleList(MTPModule(config) for _ in range(num_modules))
+        text = text_config(target_config)
+        self.init_draft_vocab(text.vocab_size, config.draft_vocab_size)
+        self.config, self.num_steps = config, config.num_steps
+        self.hidden_size = text.hidden_size
+        self.target_feature_layers = (text.num_hidden_layers,)
+        with seeded(config.seed):
+            self.depths = nn.ModuleList(MTPModule(text) for _ in range(self.num_steps))
         self._target: TargetParts | None = None
-
-    @classmethod
-    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> MTPHead:
-        return cls(target_config, **hyper)
-
-    def hyper_parameters(self) -> dict:
-        return {
-            "num_modules": self.num_modules,
-            "draft_vocab_size": self.draft_vocab_size,
-            "seed": self.seed,
-        }
 
     def run_depth(
         self,
@@ -121,7 +113,7 @@ class MTPHead(DraftVocabulary, SharesTargetParts, DraftHead):
         positions = torch.arange(rows, device=batch.input_ids.device)
         mask = causal_mask(rows)
         hidden, step_logits = lag(batch.features), []
-        for k in range(self.num_modules):
+        for k in range(self.num_steps):
             hidden = self.run_depth(k, hidden, lead(batch.input_ids, k), positions, mask)
             step_logits.append(self.logits(hidden))
         return step_logits
@@ -145,7 +137,7 @@ class MTPDrafter(Drafter):
         self.target_feature_layers = head.target_feature_layers
         self._d2t = head.draft_to_target()
         self._committed: list[int] = []
-        self._depths = [OwnCache() for _ in range(head.num_modules)]
+        self._depths = [OwnCache() for _ in range(head.num_steps)]
         self._features = LaggedFeatures(head.hidden_size)
 
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
@@ -163,7 +155,7 @@ class MTPDrafter(Drafter):
         stop: StopFn | None = None,
     ) -> Draft:
         builder = DraftBuilder(
-            min(max_draft_tokens, self.head.num_modules), sampling, generator, stop
+            min(max_draft_tokens, self.head.num_steps), sampling, generator, stop
         )
         self._drop_uncommitted()  # rows built on an earlier, uncommitted draft
         sequence = list(self._committed)  # grows by each drafted token

@@ -14,22 +14,56 @@ the sequence are ignored by the objective.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
+from draftsmith.core.config import ConfigError, config_from_dict
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Drafter, drafter_class
 from draftsmith.heads.vocab import build_draft_vocab
 
 
+@dataclass(kw_only=True)
+class HeadConfig:
+    """Hyper-parameters of a trainable head: with the target's config they fix the fresh head,
+    its initial weights included."""
+
+    seed: int = 0
+    """Seeds the head's initialisation (the same config always gives the same fresh weights)."""
+
+
+@dataclass(kw_only=True)
+class StepsConfig(HeadConfig):
+    """A head trained to predict several tokens ahead of each position."""
+
+    num_steps: int = 1
+    """K: future tokens the head predicts per position (its training steps)."""
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be at least 1, got {self.num_steps}")
+
+
 class DraftHead(nn.Module, ABC):
-    """A trainable drafter built from the target's config; exported as a draftsmith artifact."""
+    """A trainable drafter built from the target's config; exported as a draftsmith artifact.
+
+    A kind declares its typed hyper-parameters as `config_class` and is built as
+    `cls(target_config, config)` (see `build_head`). The initialisation is a function of the two
+    alone (kinds seed it), so `load_drafter` can tell weights that were never trained.
+    """
 
     kind: str
     """Registered drafter kind (also the `drafter` field of the artifact's config.json)."""
+    config_class: ClassVar[type[HeadConfig]]
+    """The kind's typed config: recipes' `head_args` and the artifact's `head` are read into it."""
+    config: HeadConfig
+    """The config this head was built with, defaults that depend on the target filled in, so
+    `cls(target_config, head.config)` builds the same fresh head."""
     target_feature_layers: tuple[int, ...] = ()
     """Indices into the target's `hidden_states` output (0 = embeddings, N = last layer)."""
     num_steps: int = 1
@@ -39,18 +73,6 @@ class DraftHead(nn.Module, ABC):
     n reads row n - s and steps s .. K-1 (s = this). 0 for heads whose row t reads the feature
     of t - 1; Medusa's row t reads the feature of t itself, so its step 0 re-predicts the token
     the target's verification already gives, and drafting starts at step 1."""
-
-    @classmethod
-    @abstractmethod
-    def from_target_config(cls, target_config: PretrainedConfig, **hyper) -> DraftHead:
-        """Build a freshly initialised head sized for the target.
-
-        The initialisation is a function of (target config, hyper) alone (kinds seed it, with a
-        `seed` hyper-parameter), so `load_drafter` can tell weights that were never trained."""
-
-    @abstractmethod
-    def hyper_parameters(self) -> dict:
-        """JSON-serialisable keyword arguments that rebuild this head via from_target_config."""
 
     @abstractmethod
     def bind_target(self, target: PreTrainedModel) -> None:
@@ -80,20 +102,42 @@ class DraftHead(nn.Module, ABC):
         return None
 
 
-def build_head(kind: str, target: PreTrainedModel, head_args: dict[str, Any]) -> DraftHead:
-    """A freshly initialised head of `kind` sized for `target`, bound to its shared modules,
-    in float32 (the master weights; `mixed_precision` autocasts the compute), whatever the
-    precision of the target's config it was built from."""
+def head_class(kind: str) -> type[DraftHead]:
+    """The trainable head registered as `kind` (ValueError: unknown, or nothing to train)."""
     try:
         cls = drafter_class(kind)
     except KeyError as error:
         raise ValueError(str(error.args[0])) from None
     if not issubclass(cls, DraftHead):
         raise ValueError(f"drafter kind {kind!r} has nothing to train (it is not a DraftHead)")
-    try:
-        head = cls.from_target_config(target.config, **head_args)
-    except TypeError as error:
-        raise ValueError(f"head_args {head_args} do not fit head kind {kind!r}: {error}") from error
+    return cls
+
+
+def head_config(
+    kind: str, args: Mapping[str, Any] | HeadConfig, where: str = "head_args"
+) -> HeadConfig:
+    """`args` as the typed config of head `kind`. A mapping is checked against the config's
+    fields: an unknown key or a bad value is a `ConfigError` naming it (`where` prefixes the
+    key, e.g. head_args.num_steps) and listing the valid keys."""
+    cls = head_class(kind).config_class
+    if isinstance(args, Mapping):
+        return config_from_dict(cls, args, where)
+    if not isinstance(args, cls):
+        raise ConfigError(
+            f"{where} of a {kind} head must be a {cls.__name__} or a mapping of its keys, "
+            f"got a {type(args).__name__}"
+        )
+    return args
+
+
+def build_head(
+    kind: str, target: PreTrainedModel, head_args: Mapping[str, Any] | HeadConfig
+) -> DraftHead:
+    """A freshly initialised head of `kind` sized for `target`, bound to its shared modules,
+    in float32 (the master weights; `mixed_precision` autocasts the compute), whatever the
+    precision of the target's config it was built from. head_args: the kind's typed config or
+    a mapping of its keys."""
+    head = head_class(kind)(target.config, head_config(kind, head_args))
     head.bind_target(target)
     return head.float()
 

@@ -8,6 +8,8 @@ puts q = 0 on the tokens outside (`heads.state.to_target_vocab`), so verificatio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -27,6 +29,15 @@ def build_draft_vocab(token_counts: torch.Tensor, size: int) -> tuple[torch.Tens
     t2d = torch.full((vocab,), -1, dtype=torch.long)
     t2d[d2t] = torch.arange(size)
     return d2t, t2d
+
+
+@dataclass(kw_only=True)
+class DraftVocabConfig:
+    """Config mixin of the heads that may draft over a reduced vocabulary."""
+
+    draft_vocab_size: int | None = None
+    """Draft over this many target tokens, the most frequent training targets; None: over the
+    target's whole vocabulary."""
 
 
 class DraftVocabulary:

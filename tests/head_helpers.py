@@ -8,14 +8,15 @@ import torch
 import torch.nn.functional as F
 from conftest import greedy_reference
 
+from draftsmith import heads
 from draftsmith.core.target import Target, TargetBatch
-from draftsmith.heads import DraftHead, build_draft_vocab, drafter_class
+from draftsmith.heads import DraftHead, build_draft_vocab
 
 HEADS = {
-    "medusa": ("medusa", {"num_heads": 4}),
-    "medusa-reduced": ("medusa", {"num_heads": 3, "draft_vocab_size": 64}),
-    "mtp": ("mtp", {"num_modules": 3}),
-    "mtp-reduced": ("mtp", {"num_modules": 2, "draft_vocab_size": 64}),
+    "medusa": ("medusa", {"num_steps": 4}),
+    "medusa-reduced": ("medusa", {"num_steps": 3, "draft_vocab_size": 64}),
+    "mtp": ("mtp", {"num_steps": 3}),
+    "mtp-reduced": ("mtp", {"num_steps": 2, "draft_vocab_size": 64}),
     "eagle": ("eagle", {"num_steps": 2}),
     "eagle3": ("eagle3", {"num_steps": 3, "feature_layers": [0, 1, 2]}),
     "eagle3-reduced": ("eagle3", {"num_steps": 2, "draft_vocab_size": 64}),
@@ -27,10 +28,9 @@ TRAIN_PROMPTS = [[5, 6, 7], [11, 3], [40, 41, 42, 43], [100]]
 
 
 def build_head(name: str, target) -> DraftHead:
-    kind, hyper = HEADS[name]
-    head = drafter_class(kind).from_target_config(target.config, **hyper)
-    head.bind_target(target)
-    return head
+    """A fresh head of HEADS[name], bound to target."""
+    kind, head_args = HEADS[name]
+    return heads.build_head(kind, target, head_args)
 
 
 def target_batch(target, head: DraftHead, input_ids: torch.Tensor) -> TargetBatch:

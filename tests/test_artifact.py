@@ -18,12 +18,15 @@ from draftsmith.artifact import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     UntrainedDrafterError,
+    read_artifact_config,
     save_artifact,
     target_fingerprint,
 )
-from draftsmith.calibration import PlattScaling, confidence_signals
+from draftsmith.calibration import PlattScaling
 from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.core.config import config_to_dict
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding.benchmark import Aggregate, PromptResult, PromptRun, format_table
 from draftsmith.decoding.decoder import GenerationStats
 
@@ -90,7 +93,8 @@ def test_artifact_layout(artifacts, target):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
     config = json.loads((path / CONFIG_FILE).read_text())
     assert config["drafter"] == "eagle3"
-    assert config["head"] == head.hyper_parameters()
+    assert config["head"] == config_to_dict(head.config)
+    assert config["head"]["feature_layers"] == [2, 1, 0]  # EAGLE-3's default, as resolved
     assert config["target"] == {
         "name_or_path": "tiny-llama-a",
         "architecture": "LlamaForCausalLM",
@@ -222,8 +226,17 @@ def test_no_artifact_at_all(target, tmp_path):
         ({"draftsmith_version": "99.0.0"}, "newer than this draftsmith"),
         ({"draftsmith_version": "soon"}, "unreadable draftsmith_version"),
         ({"drafter": "telepathy"}, "unknown drafter kind 'telepathy'"),
-        ({"drafter": "ngram"}, "no trained weights"),
-        ({"head": {"num_steps": 2, "wings": 2}}, "cannot build the eagle3 head"),
+        ({"drafter": "ngram"}, "'ngram' has nothing to train"),
+        (
+            {"head": {"num_steps": 2, "wings": 2}},
+            r"config.json: the eagle3 head config does not fit: unknown key 'head.wings' in "
+            r"Eagle3Config; valid keys: seed, num_steps, draft_vocab_size, feature_layers\. "
+            r"Correct it",
+        ),
+        ({"head": {"num_steps": 0}}, "eagle3 head config.*num_steps must be at least 1"),
+        ({"head": {"feature_layers": [0, 9]}}, "cannot build the eagle3 head for this target"),
+        ({"head": [4]}, "head must be a mapping"),
+        ({"draftsmith_version": "0.0.3"}, r"format 0\.0\), older than.*retrain the head"),
         ({"feature_layers": [2]}, "feature_layers"),
     ],
 )
@@ -232,6 +245,38 @@ def test_bad_config_is_reported(artifact, target, edit, message):
     (artifact / CONFIG_FILE).write_text(json.dumps({**config, **edit}))
     with pytest.raises(ValueError, match=message):
         load_drafter(artifact, target)
+
+
+@pytest.mark.parametrize(("name", "old_key"), [("medusa", "num_heads"), ("mtp", "num_modules")])
+def test_a_0_1_artifact_with_its_old_name_for_the_steps_loads(
+    name, old_key, artifacts, target, tmp_path
+):
+    """draftsmith 0.1 wrote medusa's num_heads and mtp's num_modules; they read as num_steps."""
+    head, path = artifacts(name)
+    old = shutil.copytree(path, tmp_path / name)
+    config = json.loads((old / CONFIG_FILE).read_text())
+    head_0_1 = {old_key: head.num_steps, "draft_vocab_size": None, "seed": 0}
+    (old / CONFIG_FILE).write_text(
+        json.dumps({**config, "draftsmith_version": "0.1.0", "head": head_0_1})
+    )
+    upgraded = read_artifact_config(old)["head"]
+    assert upgraded == {"num_steps": head.num_steps, "draft_vocab_size": None, "seed": 0}
+    loaded = load_drafter(old, target)
+    for prompt in ([5, 6, 7], [40, 41, 42]):
+        original = _drafts(head.as_drafter(target), head, target, prompt)
+        assert torch.equal(_drafts(loaded, head, target, prompt).tokens, original.tokens)
+
+
+def test_an_older_artifact_that_does_not_upgrade_names_its_format_and_the_fix(artifact):
+    config = json.loads((artifact / CONFIG_FILE).read_text())
+    edit = {"draftsmith_version": "0.1.0", "head": {"num_steps": 2, "wings": 2}}
+    (artifact / CONFIG_FILE).write_text(json.dumps({**config, **edit}))
+    message = (
+        r"written by draftsmith 0\.1\.0 \(format 0\.1\).*'head.wings'.*Load it with "
+        r"draftsmith 0\.1\.0, or retrain the head"
+    )
+    with pytest.raises(ValueError, match=message):
+        read_artifact_config(artifact)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

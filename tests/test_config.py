@@ -15,6 +15,7 @@ from draftsmith.core.config import (
     save_config,
 )
 from draftsmith.data.documents import DataConfig
+from draftsmith.heads import Eagle3Config, MedusaConfig
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.config import load_train_config as load_config
 from draftsmith.train.objectives import ObjectiveConfig
@@ -87,7 +88,7 @@ def test_overrides_parse_yaml_scalars_and_reach_nested_keys(tmp_path):
     assert config.lr == 3e-4 and config.max_steps == 20
     assert config.data.seq_len == 128 and config.data.source == "stdlib"
     assert config.objective.divergence == "jsd"
-    assert config.head_args == {"num_steps": 5}
+    assert config.head_args == Eagle3Config(num_steps=5)
     assert config.feature_cache == "/tmp/cache" and config.clip_grad_norm is None
     assert config.adam_betas == (0.8, 0.9)
     assert config.eval_data == DataConfig(source="chitchat", split="heldout", seq_len=128)
@@ -113,6 +114,34 @@ def test_saved_config_loads_back_equal(tmp_path):
     save_config(config, tmp_path / "saved.yaml")
     assert load_config(tmp_path / "saved.yaml") == config
     assert config_to_dict(config)["adam_betas"] == [0.5, 0.6]
+    assert yaml.safe_load((tmp_path / "saved.yaml").read_text())["head_args"] == {
+        "seed": 0,
+        "num_steps": 3,
+        "draft_vocab_size": None,
+        "feature_layers": None,
+    }
+
+
+def test_head_args_are_read_into_the_kind_s_typed_config(tmp_path):
+    raw = {**MINIMAL, "head": "medusa", "head_args": {"num_steps": 3, "draft_vocab_size": 64}}
+    assert load_config(write(tmp_path, raw)).head_args == MedusaConfig(
+        num_steps=3, draft_vocab_size=64
+    )
+
+
+def test_head_args_typo_is_an_error_when_the_recipe_is_read(tmp_path):
+    """Before any model loads (reading a recipe loads none), not deep in the head's build."""
+    raw = {**MINIMAL, "head": "medusa", "head_args": {"num_heads": 3}}
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key 'head_args.num_heads' in MedusaConfig; valid keys: seed, num_steps, "
+        r"draft_vocab_size$",
+    ):
+        load_config(write(tmp_path, raw))
+    with pytest.raises(ConfigError, match="head_args: num_steps must be at least 1"):
+        load_config(write(tmp_path, MINIMAL), ["head_args.num_steps=0"])
+    with pytest.raises(ConfigError, match="head: unknown drafter kind 'eagle4'"):
+        load_config(write(tmp_path, {**MINIMAL, "head": "eagle4"}))
 
 
 def test_help_lists_every_key_with_its_docstring():

@@ -3,15 +3,19 @@ drafting losslessly through the decoder, and rolling their own state back."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import greedy_reference, tiny_model
 from head_helpers import HEADS, REDUCED_VOCAB, TRAIN_PROMPTS, build_head, fit, target_batch
 
 from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.core.config import ConfigError, config_to_dict
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import TargetBatch
-from draftsmith.heads import DraftHead, build_draft_vocab, drafter_class
+from draftsmith.heads import DraftHead, EagleConfig, MedusaConfig, build_draft_vocab, head_config
+from draftsmith.heads import build_head as build_kind
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +55,36 @@ def test_forward_train_shapes_and_gradients(name, arch, llama, qwen2):
 
 
 @pytest.mark.parametrize("name", HEADS)
-def test_initialisation_is_a_function_of_the_hyper_parameters(name, llama):
-    """What lets load_drafter tell an untrained artifact: rebuilding gives the same weights."""
+def test_initialisation_is_a_function_of_the_config(name, llama):
+    """What lets load_drafter tell an untrained artifact: rebuilding from the head's config, as
+    plain JSON-able data, gives the same weights."""
     head = build_head(name, llama)
     kind, _ = HEADS[name]
-    again = drafter_class(kind).from_target_config(llama.config, **head.hyper_parameters())
-    again.bind_target(llama)
+    again = build_kind(kind, llama, config_to_dict(head.config))
+    assert again.config == head.config
     first, second = head.state_dict(), again.state_dict()
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
     if name == "distilled":
         return  # a plain copy of target layers: nothing random to seed
-    other = drafter_class(kind).from_target_config(
-        llama.config, **{**head.hyper_parameters(), "seed": 1}
-    )
-    other.bind_target(llama)
+    other = build_kind(kind, llama, replace(head.config, seed=1))
     assert any(not torch.equal(p, first[n]) for n, p in other.state_dict().items())
+
+
+def test_head_configs_name_bad_keys_and_values():
+    with pytest.raises(ConfigError, match=r"'head_args.num_heads' in MedusaConfig; valid keys"):
+        head_config("medusa", {"num_heads": 4})
+    with pytest.raises(ConfigError, match="num_steps must be at least 2"):
+        head_config("medusa", {"num_steps": 1})
+    with pytest.raises(ConfigError, match="num_steps must be at least 1"):
+        head_config("eagle3", {"num_steps": 0})
+    with pytest.raises(ConfigError, match="head_args.num_steps must be int"):
+        head_config("mtp", {"num_steps": "four"})
+    with pytest.raises(ConfigError, match="must be a MedusaConfig"):
+        head_config("medusa", EagleConfig())
+    with pytest.raises(ValueError, match="nothing to train"):
+        head_config("ngram", {})
+    assert head_config("medusa", {"num_steps": 3}) == MedusaConfig(num_steps=3)
 
 
 # Which inputs step k at row t reads at the latest: the token at t + k (None: no tokens) and the
@@ -290,11 +308,7 @@ def test_shared_lm_head_heads_score_the_draft_vocabulary_rows(name, llama):
     """A head sharing the target's LM head over a reduced vocabulary gives exactly the full head's
     logits at the draft vocabulary's target ids."""
     reduced = build_head(name, llama)
-    kind, hyper = HEADS[name]
-    full = drafter_class(kind).from_target_config(
-        llama.config, **{**hyper, "draft_vocab_size": None}
-    )
-    full.bind_target(llama)
+    full = build_kind(reduced.kind, llama, replace(reduced.config, draft_vocab_size=None))
     input_ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
     batch = target_batch(llama, full, input_ids)
     reduced.forward_train(batch)  # gathers (and keeps) the placeholder vocabulary's rows

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,12 @@ from transformers import PreTrainedTokenizerFast
 
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads import DraftHead, build_head, drafter_class, fit_draft_vocab, register_drafter
+from draftsmith.heads.blocks import seeded
+from draftsmith.heads.trainable import StepsConfig
+from draftsmith.train.checkpoint import latest_checkpoint
 from draftsmith.train.config import load_train_config as load_config
-from draftsmith.train.trainer import (
-    EpochSampler,
-    Trainer,
-    latest_checkpoint,
-    lr_factor,
-    train,
-)
+from draftsmith.train.sampler import EpochSampler
+from draftsmith.train.trainer import Trainer, train
 
 REPO = Path(__file__).resolve().parents[1]
 MODULES = ["json/decoder.py", "json/encoder.py", "textwrap.py", "colorsys.py", "shlex.py",
@@ -40,25 +39,27 @@ MODULES = ["json/decoder.py", "json/encoder.py", "textwrap.py", "colorsys.py", "
            "getopt.py", "calendar.py", "cmd.py", "difflib.py", "ftplib.py"]  # fmt: skip
 
 
+@dataclass(kw_only=True)
+class LinearConfig(StepsConfig):
+    num_steps: int = 2
+    dropout: float = 0.0
+
+
 @register_drafter("test-linear")
 class LinearHead(DraftHead):
     """Stand-in head: step k is a linear map of the target's last hidden state (with dropout, so
     an exact resume must restore the RNG too)."""
 
-    def __init__(self, hidden: int, vocab: int, layers: int, num_steps: int, dropout: float):
+    config_class = LinearConfig
+
+    def __init__(self, target_config, config: LinearConfig):
         super().__init__()
-        self.num_steps, self.dropout = num_steps, dropout
-        self.target_feature_layers = (layers,)
-        self.drop = nn.Dropout(dropout)
-        self.steps = nn.ModuleList(nn.Linear(hidden, vocab) for _ in range(num_steps))
-
-    @classmethod
-    def from_target_config(cls, target_config, *, num_steps=2, dropout=0.0) -> LinearHead:
-        c = target_config
-        return cls(c.hidden_size, c.vocab_size, c.num_hidden_layers, num_steps, dropout)
-
-    def hyper_parameters(self) -> dict:
-        return {"num_steps": self.num_steps, "dropout": self.dropout}
+        self.config, self.num_steps = config, config.num_steps
+        self.target_feature_layers = (target_config.num_hidden_layers,)
+        self.drop = nn.Dropout(config.dropout)
+        hidden, vocab = target_config.hidden_size, target_config.vocab_size
+        with seeded(config.seed):
+            self.steps = nn.ModuleList(nn.Linear(hidden, vocab) for _ in range(config.num_steps))
 
     def bind_target(self, target) -> None:
         pass
@@ -164,6 +165,11 @@ def test_loss_decreases_and_the_artifact_is_written(tmp_path, corpus, target, to
     losses = [r["loss"] for r in metrics(out, "train")]
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
+    # each record holds the next step's lr: warm-up from 0 over 2 steps, then cosine to 0
+    lrs = [r["lr"] for r in metrics(out, "train")]
+    assert lrs[:2] == pytest.approx([0.5e-2, 1e-2])
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:], strict=False))
+    assert lrs[-1] == pytest.approx(0.0)
     final = metrics(out, "eval")[-1]
     assert final == {"step": 30, "split": "eval", **result.metrics}
     assert len(final["top1"]) == len(final["tau_sim"]) == 2
@@ -202,10 +208,10 @@ def test_resume_continues_exactly(tmp_path, corpus, target, tokenizer, monkeypat
     config = config_of({**raw, "output_dir": str(interrupted_dir)}, tmp_path)
     original = Trainer._train_step
 
-    def dies_at_step_6(self):
-        if self.step == 6:
+    def dies_at_step_6(self, window):
+        if self.state.step == 6:
             raise Killed
-        return original(self)
+        return original(self, window)
 
     monkeypatch.setattr(Trainer, "_train_step", dies_at_step_6)
     with pytest.raises(Killed):
@@ -216,7 +222,7 @@ def test_resume_continues_exactly(tmp_path, corpus, target, tokenizer, monkeypat
 
     resumed = Trainer(config, target=target, tokenizer=tokenizer)
     resumed.fit()
-    assert resumed.step == 8
+    assert resumed.state.step == 8
     first, second = metrics(tmp_path / "straight", "train"), metrics(interrupted_dir, "train")
     assert [r["step"] for r in second] == list(range(1, 9))  # replayed steps are not doubled
     assert [r["loss"] for r in first] == [r["loss"] for r in second]
@@ -271,13 +277,6 @@ def test_sampler_is_a_function_of_seed_and_step():
         EpochSampler(num_rows=3, batch_size=2, seed=0, rank=0, world_size=2)
 
 
-def test_lr_schedule_warms_up_then_decays_to_zero():
-    factors = [lr_factor(s, warmup_steps=2, max_steps=10) for s in range(11)]
-    assert factors[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
-    assert all(a >= b for a, b in zip(factors[2:], factors[3:], strict=False))
-    assert factors[10] == pytest.approx(0.0)
-
-
 def test_reduced_vocabulary_heads_draft_the_most_frequent_training_targets(target):
     head = build_head("eagle3", target, {"draft_vocab_size": 4, "num_steps": 1})
     input_ids = torch.tensor([[9, 9, 9, 5, 5, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1]])
@@ -301,7 +300,7 @@ TRAINABLE = [
 ]
 HEAD_ARGS = {
     "eagle3": {"draft_vocab_size": 64, "num_steps": 2},
-    "medusa": {"num_heads": 2},
+    "medusa": {"num_steps": 2},
     "distilled": {"layers": [0]},
 }
 
@@ -332,9 +331,10 @@ def test_cli_prepares_data_and_trains_in_process(tmp_path, corpus, target, token
     raw = recipe(corpus, tmp_path / "run", target=str(folder), target_dtype="float32")
     main(["train", str(config_path(raw, tmp_path)), "max_steps=2", "warmup_steps=0"])
     assert json.loads((tmp_path / "run/drafter/config.json").read_text())["training"]["steps"] == 2
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit:
         main(["train", str(config_path(raw, tmp_path)), "max_step=2"])
-    assert "unknown key 'max_step'" in capsys.readouterr().err
+    assert exit.value.code == 2
+    assert "draftsmith train: error: unknown key 'max_step'" in capsys.readouterr().err
 
 
 def free_port() -> int:
@@ -349,7 +349,7 @@ def test_two_cpu_processes_with_accelerate_launch(tmp_path, corpus, target, toke
     folder = tmp_path / "target"
     target.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    raw = recipe(corpus, tmp_path / "run", head="medusa", head_args={"num_heads": 2})
+    raw = recipe(corpus, tmp_path / "run", head="medusa", head_args={"num_steps": 2})
     raw.update(target=str(folder), target_dtype="float32", max_steps=3, checkpoint_every=3)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from draftsmith.core.config import ConfigError, load_config
 from draftsmith.data.documents import DataConfig
+from draftsmith.heads import HeadConfig, head_config
 from draftsmith.train.objectives import ObjectiveConfig
 
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
@@ -26,9 +27,10 @@ class TrainConfig:
     target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Precision the target runs in (auto: its checkpoint's)."""
     head: str
-    """Head kind, as registered (eagle3, eagle, mtp, medusa, draft-model, ...)."""
-    head_args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the head's `from_target_config` (its hyper-parameters)."""
+    """Head kind, as registered (eagle3, eagle, mtp, medusa, distilled, ...)."""
+    head_args: dict[str, Any] | HeadConfig = field(default_factory=dict)
+    """The head's hyper-parameters: keys of its kind's config (eagle3: Eagle3Config, medusa:
+    MedusaConfig, ...), checked when the recipe is read and held as that typed config."""
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     """Divergence and per-step decay the head is trained with."""
     data: DataConfig
@@ -78,6 +80,12 @@ class TrainConfig:
     """None: $WANDB_MODE if set, else offline (logs under output_dir/wandb, `wandb sync` later)."""
 
     def __post_init__(self) -> None:
+        try:
+            self.head_args = head_config(self.head, self.head_args)
+        except ConfigError:
+            raise
+        except ValueError as error:  # an unknown kind, or one with nothing to train
+            raise ConfigError(f"head: {error}") from None
         for name in ("batch_size", "grad_accum", "max_steps", "eval_batches", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
