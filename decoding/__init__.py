@@ -1,4 +1,4 @@
-"""Speculative decoding: the loop, verification, KV rollback and draft-length policies."""
+"""Speculative decoding: the loop, verification, draft-length policies and the benchmark."""
 
 from draftsmith.decoding.decoder import (
     GenerationResult,

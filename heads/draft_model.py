@@ -26,16 +26,6 @@ class DraftModelDrafter(Drafter):
         self._committed: list[int] = []
         self._own = OwnCache()
 
-    @property
-    def _cache(self):
-        """The draft model's KV cache (a DynamicCache)."""
-        return self._own.kv
-
-    @property
-    def _cached(self) -> list[int]:
-        """The tokens whose keys/values are in the cache, in order."""
-        return self._own.tokens
-
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         self._committed = prompt_ids.tolist()
         self._own.reset()
@@ -59,7 +49,7 @@ class DraftModelDrafter(Drafter):
     def _forward(self, new_tokens: list[int]) -> torch.Tensor:
         """Run the draft model over new_tokens, extending its cache; returns the last logits (V,)."""
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: self._cache})
+        out = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: self._own.kv})
         self._own.extend(new_tokens)
         return out.logits[0, -1].float()
 

@@ -43,6 +43,6 @@ def test_draft_model_cache_matches_committed_tokens_after_decoding(llama):
     assert drafter._committed == committed
     # Whatever the drafter kept cached is a prefix of the committed sequence, and equals a fresh
     # prefill of that prefix.
-    kept = drafter._cached
+    kept = drafter._own.tokens
     assert kept == committed[: len(kept)]
-    _assert_cache_equals_prefill(draft, drafter._cache, kept)
+    _assert_cache_equals_prefill(draft, drafter._own.kv, kept)
