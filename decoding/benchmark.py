@@ -111,10 +111,14 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     for line_no, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        record = json.loads(line)
-        if not isinstance(record.get("prompt"), str) or not record["prompt"]:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{line_no}: not a JSON record ({error})") from None
+        prompt = record.get("prompt") if isinstance(record, dict) else None
+        if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"{path}:{line_no}: each line needs a non-empty string 'prompt'")
-        records.append({"prompt": record["prompt"], "workload": record.get("workload", "default")})
+        records.append({"prompt": prompt, "workload": record.get("workload", "default")})
     if not records:
         raise ValueError(f"prompt file {path} holds no prompts")
     return records[:limit] if limit else records

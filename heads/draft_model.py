@@ -49,7 +49,9 @@ class DraftModelDrafter(Drafter):
     def _forward(self, new_tokens: list[int]) -> torch.Tensor:
         """Run the draft model over new_tokens, extending its cache; returns the last logits (V,)."""
         input_ids = torch.tensor([new_tokens], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: self._own.kv})
+        out = self.model(
+            input_ids=input_ids, use_cache=True, **{self._cache_argument: self._own.kv}
+        )
         self._own.extend(new_tokens)
         return out.logits[0, -1].float()
 

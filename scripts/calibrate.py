@@ -1,13 +1,11 @@
-"""Calibrate a drafter artifact's confidence on held-out data.
+"""Calibrate a drafter artifact's confidence on held-out data (as ``draftsmith calibrate``):
 
 python scripts/calibrate.py runs/quickstart/drafter --target smollm2-135m --data stdlib
 """
 
-import argparse
+import sys
 
-from draftsmith.commands.calibrate import add_calibrate_arguments, run_calibrate
+from draftsmith.commands.cli import run_command
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    add_calibrate_arguments(parser)
-    run_calibrate(parser.parse_args())
+    run_command("calibrate", sys.argv[1:], prog="scripts/calibrate.py")

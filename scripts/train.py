@@ -2,14 +2,15 @@
 
     accelerate launch [--config_file recipes/accelerate/NAME.yaml] scripts/train.py RECIPE.yaml [key=value ...]
 
-``scripts/train.py --help`` lists every recipe key.
+``scripts/train.py --help`` lists every recipe key; an error is one line (``--debug``: traceback).
 """
 
 import logging
+import sys
 
-from draftsmith.commands.train import main
+from draftsmith.commands.cli import run_command
 
 if __name__ == "__main__":
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("draftsmith").setLevel(logging.INFO)
-    main()
+    run_command("train", sys.argv[1:], prog="scripts/train.py")

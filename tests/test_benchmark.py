@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import perturbed_copy
 
-from draftsmith.commands.cli import bundled_prompts
+from draftsmith.commands.bench import bundled_prompts
 from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
 from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts, rounding_tolerance
 from draftsmith.heads import DraftModelDrafter, NgramDrafter

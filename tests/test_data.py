@@ -6,7 +6,6 @@ the `slow` test uses SmolLM2's real tokenizer on real stdlib and chitchat data.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from draftsmith.commands.data import add_prepare_data_arguments, run_prepare_data
+from draftsmith.commands.data import PrepareDataCommand
+from draftsmith.commands.flags import from_flags, parser_for
 from draftsmith.data import corpora
 from draftsmith.data.documents import (
     METADATA_FILE,
@@ -391,8 +391,7 @@ def test_prepare_data_saves_atomically_and_refuses_to_clobber(tmp_path, tok, cap
 def test_cli_hook_parses_and_runs(tmp_path, tok):
     tok.save_pretrained(tmp_path / "target")
     source = write_jsonl(tmp_path / "d.jsonl", [{"text": CORPUS[i % 3]} for i in range(20)])
-    parser = argparse.ArgumentParser()
-    add_prepare_data_arguments(parser)
+    parser = parser_for(PrepareDataCommand, "prepare-data")
     defaults = parser.parse_args(["--target", "t", "--source", "s", "--out", "o"])
     assert defaults.seq_len == DataConfig(source="s").seq_len and defaults.assistant_only_loss
     assert "Tokens per packed row" in parser.format_help()
@@ -400,7 +399,7 @@ def test_cli_hook_parses_and_runs(tmp_path, tok):
     args = parser.parse_args(
         (command + "--seq-len 12 --heldout-fraction 0 --no-include-tests").split()
     )
-    out = run_prepare_data(args)
+    out = from_flags(PrepareDataCommand, args).run()
     assert len(Dataset.load_from_disk(str(out))[0]["input_ids"]) == 12
 
 

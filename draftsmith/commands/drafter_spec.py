@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from draftsmith.artifact import load_acceptance_model, load_drafter
+from draftsmith.artifact import load_acceptance_model, load_drafter, read_artifact_config
 from draftsmith.core.models import check_same_vocabulary, load_model
 from draftsmith.core.signals import AcceptanceModel
 from draftsmith.heads import Drafter, DraftModelDrafter, NgramDrafter
@@ -28,19 +28,35 @@ class BuiltDrafter:
     """The artifact's calibrated acceptance model, for the draft policy; None: uncalibrated."""
 
 
+def parse_spec(spec: str) -> tuple[str, str]:
+    """(kind, argument) of a drafter spec; a ValueError naming the accepted forms otherwise."""
+    kind, _, arg = spec.partition(":")
+    needs_arg = kind in ("draft-model", "artifact")
+    if (needs_arg and arg) or (kind == "ngram" and (not arg or arg.isdigit())):
+        return kind, arg
+    raise ValueError(f"unknown drafter spec {spec!r}; expected {SPEC_HELP}")
+
+
+def check_spec(spec: str) -> None:
+    """What of a spec can be checked before any model loads: its form, and an artifact's
+    config.json and calibration.json."""
+    kind, arg = parse_spec(spec)
+    if kind == "artifact":
+        read_artifact_config(arg)
+        load_acceptance_model(arg)
+
+
 def build_drafter(
     spec: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: str = "auto"
 ) -> BuiltDrafter:
-    kind, _, arg = spec.partition(":")
-    if kind == "draft-model" and arg:
+    kind, arg = parse_spec(spec)
+    if kind == "draft-model":
         model, draft_tokenizer = load_model(arg, dtype=dtype, device=str(target.device))
         check_same_vocabulary(tokenizer, draft_tokenizer, arg)
         return BuiltDrafter(DraftModelDrafter(model), {"assistant_model": model})
-    if kind == "artifact" and arg:
+    if kind == "artifact":
         # No Hugging Face counterpart: the benchmark skips assisted generation.
         return BuiltDrafter(load_drafter(arg, target), acceptance=load_acceptance_model(arg))
-    if kind == "ngram":
-        drafter = NgramDrafter(max_ngram=int(arg)) if arg else NgramDrafter()
-        assist = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": drafter.max_ngram}
-        return BuiltDrafter(drafter, assist)
-    raise ValueError(f"unknown drafter spec {spec!r}; expected {SPEC_HELP}")
+    drafter = NgramDrafter(max_ngram=int(arg)) if arg else NgramDrafter()
+    assist = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": drafter.max_ngram}
+    return BuiltDrafter(drafter, assist)

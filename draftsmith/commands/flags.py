@@ -1,0 +1,127 @@
+"""Command-line flags from a typed dataclass, and the dataclass back from the parsed flags.
+
+Each field becomes ``--kebab-case-name`` (a positional argument with ``field(metadata=POSITIONAL)``),
+typed by its annotation, defaulting to its default, required when it has none, and helped by its
+docstring (`field_docs`). A command keeps an older flag name working with a class attribute
+``FLAG_ALIASES = {"do_sample": ("--sample",)}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from draftsmith.core.config import field_docs
+
+__all__ = ["POSITIONAL", "add_flags", "as_config", "from_flags", "parser_for"]
+
+POSITIONAL = {"positional": True}
+"""Field metadata: the field is a positional argument (optional when it has a default)."""
+
+Config = TypeVar("Config")
+
+
+def parser_for(cls: type, prog: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A parser with one argument per field of `cls`; the class docstring is its description."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=inspect.cleandoc(cls.__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
+    add_flags(parser, cls)
+    return parser
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one argument per init field of dataclass `cls` to `parser`."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    aliases = getattr(cls, "FLAG_ALIASES", {})
+    # Positionals first, then required flags, each group in field order.
+    ordered = sorted(
+        (f for f in dataclasses.fields(cls) if f.init),
+        key=lambda f: (not f.metadata.get("positional"), _default(f) is not dataclasses.MISSING),
+    )
+    for f in ordered:
+        kwargs = _type_kwargs(hints[f.name], f.name)
+        default = _default(f)
+        required = default is dataclasses.MISSING
+        help_text = docs.get(f.name, "").replace("``", "").replace("%", "%%")
+        if not required and default not in (None, [], ()):
+            help_text += f" (default: {_show(default)})"
+        if f.metadata.get("positional"):
+            if not required:
+                kwargs["nargs"] = "*" if kwargs.get("nargs") else "?"
+                kwargs["default"] = default
+            names, kwargs["metavar"] = [f.name], f.metadata.get("metavar", f.name.upper())
+        else:
+            names = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, ())]
+            kwargs.update(dest=f.name, required=required)
+            if not required:
+                kwargs["default"] = default
+        action = parser.add_argument(*names, **kwargs)
+        # Set afterwards: some Pythons' BooleanOptionalAction append their own default.
+        action.help = help_text
+
+
+def from_flags(cls: type[Config], args: argparse.Namespace) -> Config:
+    """The dataclass `cls` from `args` parsed by a parser `add_flags(parser, cls)` built; its own
+    validation (``__post_init__``) runs as for any other construction."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.init:
+            value = getattr(args, f.name)
+            # argparse collects nargs values in a list; tuple fields want a tuple.
+            values[f.name] = _bare(hints[f.name])(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
+def as_config(command: Any, cls: type[Config]) -> Config:
+    """The library config `cls` inside a command that inherits it (without the command's own
+    fields, so it serialises as the library expects)."""
+    return cls(**{f.name: getattr(command, f.name) for f in dataclasses.fields(cls) if f.init})
+
+
+def _type_kwargs(hint: Any, name: str) -> dict[str, Any]:
+    """argparse's type, choices, nargs and action for a field annotated `hint`."""
+    hint = _without_none(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if origin is Literal:
+        return {"type": type(args[0]), "choices": args}
+    if origin in (tuple, list) and (origin is list or args[-1:] == (...,)):
+        return {**_type_kwargs(args[0], name), "nargs": "+"}
+    if hint in (int, float, str, Path):
+        return {"type": hint}
+    raise TypeError(f"field {name!r}: no command-line flag for type {hint!r}")
+
+
+def _without_none(hint: Any) -> Any:
+    """``X`` of ``X | None`` (the flag takes an X; None is only ever its default)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(options) == 1:
+            return options[0]
+    return hint
+
+
+def _bare(hint: Any) -> type:
+    return typing.get_origin(_without_none(hint)) or list
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _show(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)

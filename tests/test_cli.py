@@ -1,0 +1,358 @@
+"""The command line: flags from typed dataclasses, and bad input as one line on stderr."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import pytest
+import yaml
+from conftest import tiny_model
+from head_helpers import build_head, fit
+
+from draftsmith.artifact import save_artifact
+from draftsmith.commands.cli import COMMANDS, command_class, main
+from draftsmith.commands.flags import POSITIONAL, from_flags, parser_for
+from draftsmith.core.zoo import UnknownModelError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------------------------
+# Flags from a dataclass
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Example:
+    """An example command."""
+
+    FLAG_ALIASES: ClassVar[dict[str, tuple[str, ...]]] = {"loud": ("--shout",)}
+
+    path: Path = field(metadata=POSITIONAL)
+    """Where it is."""
+    label: str
+    """A required label."""
+    count: int = 3
+    """How many (100% of them)."""
+    rate: float | None = None
+    """A rate; None: none."""
+    mode: Literal["fast", "slow"] = "fast"
+    """How to go."""
+    loud: bool = False
+    """Say more."""
+    tidy: bool = True
+    """Clean up afterwards."""
+    names: tuple[str, ...] = ("a", "b")
+    """Some names."""
+
+
+def parse(cls: type, argv: str):
+    return from_flags(cls, parser_for(cls, "example").parse_args(argv.split()))
+
+
+def test_flags_take_each_fields_default():
+    assert parse(Example, "here --label x") == Example(path=Path("here"), label="x")
+
+
+def test_flags_set_each_field_with_its_type():
+    parsed = parse(
+        Example,
+        "here --label x --count 5 --rate 0.5 --mode slow --loud --no-tidy --names c d",
+    )
+    expected = Example(
+        path=Path("here"), label="x", count=5, rate=0.5, mode="slow", loud=True, tidy=False
+    )
+    assert parsed == Example(**{**vars(expected), "names": ("c", "d")})
+    assert type(parsed.count) is int and type(parsed.rate) is float
+    assert parse(Example, "here --label x --shout").loud  # an alias keeps an older flag name
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        ("here", "the following arguments are required: --label"),
+        ("here --label x --mode medium", "invalid choice: 'medium'"),
+        ("here --label x --count many", "invalid int value: 'many'"),
+    ],
+)
+def test_flags_reject_what_the_types_forbid(argv, complaint, capsys):
+    with pytest.raises(SystemExit) as exit:
+        parse(Example, argv)
+    assert exit.value.code == 2 and complaint in capsys.readouterr().err
+
+
+def test_field_docs_are_the_help():
+    text = " ".join(parser_for(Example, "example").format_help().split())
+    assert "An example command." in text
+    assert "--count COUNT How many (100% of them). (default: 3)" in text
+    assert "--mode {fast,slow} How to go. (default: fast)" in text
+    assert "--loud, --no-loud, --shout, --no-shout Say more. (default: False)" in text
+    assert "--names NAMES [NAMES ...] Some names. (default: a b)" in text
+    assert "PATH Where it is." in text and "--rate RATE A rate; None: none." in text
+
+
+def test_a_field_without_a_flag_type_is_a_clear_error():
+    @dataclass
+    class Odd:
+        table: dict[str, int] = field(default_factory=dict)
+
+    with pytest.raises(TypeError, match="field 'table': no command-line flag"):
+        parser_for(Odd, "odd")
+
+
+def test_every_command_has_a_flag_per_field():
+    for name in COMMANDS:
+        cls = command_class(name)
+        text = parser_for(cls, name).format_help()
+        for f in fields(cls):
+            assert ("--" + f.name.replace("_", "-") in text) or f.metadata.get("positional")
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "expected"),
+    [  # the command lines of the README and scripts/quickstart.sh
+        (
+            "regenerate",
+            "--target smollm2-135m --source stdlib --split heldout --dtype bfloat16 "
+            "--max-new-tokens 128 --batch-size 64 --max-records 512 --prompts-per-document 8 "
+            "--out h.jsonl --sample",
+            {"split": "heldout", "batch_size": 64, "max_records": 512, "do_sample": True},
+        ),
+        (
+            "bench",
+            "--target qwen2.5-coder-1.5b --drafter draft-model:qwen2.5-coder-0.5b --dtype "
+            "bfloat16 --draft-tokens 12 --min-path-confidence 0.4 --json q.json --limit 3 "
+            "--prompts p.jsonl",
+            {"draft_tokens": 12, "min_path_confidence": 0.4, "json": Path("q.json"), "limit": 3},
+        ),
+        (
+            "calibrate",
+            "runs/mine/drafter --target smollm2-135m --data h.jsonl --temperature 1 "
+            "--method histogram --collect decode --draft-tokens 6",
+            {"artifact": Path("runs/mine/drafter"), "temperature": 1.0, "draft_tokens": 6},
+        ),
+        (
+            "prepare-data",
+            "--target t --source stdlib --out rows --seq-len 64 --no-assistant-only-loss",
+            {"seq_len": 64, "assistant_only_loss": False, "out": Path("rows")},
+        ),
+        (
+            "train",
+            "recipes/smollm2-135m/eagle3.yaml max_steps=60 data.seq_len=256",
+            {"overrides": ["max_steps=60", "data.seq_len=256"]},
+        ),
+    ],
+)
+def test_documented_command_lines_parse(name, argv, expected):
+    command = parse(command_class(name), argv)
+    assert {key: getattr(command, key) for key in expected} == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Errors: one line, exit status 2
+# --------------------------------------------------------------------------------------------
+
+
+def fails(capsys, argv: list[str], code: int = 2) -> str:
+    """The one line main prints to stderr as it exits with `code` (after any progress bars
+    of model loading), with no traceback."""
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.endswith("\n")
+    line = err.splitlines()[-1]
+    assert line.startswith(f"draftsmith {argv[0]}: error: ")
+    return line
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, byte_tokenizer):
+    """Saved folders: a tiny target, another target, a draft model with another tokenizer, and
+    an artifact trained (briefly) for the target."""
+    root = tmp_path_factory.mktemp("models")
+    target = tiny_model("llama", seed=0)
+    for name, model, tokenizer in [
+        ("target", target, byte_tokenizer),
+        ("other-target", tiny_model("llama", seed=1), byte_tokenizer),
+        ("other-family", tiny_model("qwen2", seed=2), copy.deepcopy(byte_tokenizer)),
+    ]:
+        if name == "other-family":
+            tokenizer.add_tokens(["<extra>"])
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    head = fit(build_head("medusa", target), target, steps=5)
+    save_artifact(head, target, root / "drafter", training={"steps": 5}, target_name_or_path="t")
+    return root
+
+
+def artifact_copy(models: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "drafter"
+    out.mkdir()
+    for file in (models / "drafter").iterdir():
+        if file.is_file():
+            (out / file.name).write_bytes(file.read_bytes())
+    return out
+
+
+def prompts(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def bench(target: str | Path, drafter: str, prompt_file: str) -> list[str]:
+    return ["bench", "--target", str(target), "--drafter", drafter, "--prompts", prompt_file]
+
+
+def test_unknown_model(capsys):
+    line = fails(capsys, ["fetch-model", "no-such-model"])
+    assert line.startswith("draftsmith fetch-model: error: 'no-such-model' is not a zoo model")
+
+
+def test_missing_prompt_file(tmp_path, capsys):
+    line = fails(capsys, bench("unused", "ngram", "no"))
+    assert line == (
+        "draftsmith bench: error: prompt file no does not exist: give a jsonl with 'prompt' fields"
+    )
+
+
+def test_non_json_prompt_line_names_file_and_line(tmp_path, capsys):
+    file = prompts(tmp_path, '{"prompt": "def f():"}', "{not json")
+    line = fails(capsys, bench("unused", "ngram", file))
+    assert line.startswith(f"draftsmith bench: error: {file}:2: not a JSON record (")
+
+
+def test_bad_drafter_spec_before_any_model_loads(tmp_path, capsys):
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, bench("unused", "magic", file))
+    assert "unknown drafter spec 'magic'" in line
+
+
+def test_corrupt_artifact_config_before_any_model_loads(models, tmp_path, capsys):
+    artifact = artifact_copy(models, tmp_path)
+    (artifact / "config.json").write_text('{"drafter": ')
+    data = prompts(tmp_path, '{"text": "x"}')
+    line = fails(capsys, ["calibrate", str(artifact), "--target", "unused", "--data", data])
+    assert line.startswith(f"draftsmith calibrate: error: {artifact}/config.json is not valid JSON")
+
+
+def test_corrupt_calibration_json(models, tmp_path, capsys):
+    artifact = artifact_copy(models, tmp_path)
+    (artifact / "calibration.json").write_text("[1, 2")
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, bench("unused", f"artifact:{artifact}", file))
+    assert f"{artifact}/calibration.json is not valid JSON" in line
+
+
+def test_truncated_safetensors(models, tmp_path, capsys):
+    artifact = artifact_copy(models, tmp_path)
+    weights = artifact / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, bench(models / "target", f"artifact:{artifact}", file))
+    assert "model.safetensors is corrupt or truncated" in line
+
+
+def test_artifact_of_another_target(models, tmp_path, capsys):
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, bench(models / "other-target", f"artifact:{models / 'drafter'}", file))
+    assert "was trained for" in line and "the fingerprints differ" in line
+
+
+def test_draft_model_of_another_family(models, tmp_path, capsys):
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, bench(models / "target", f"draft-model:{models / 'other-family'}", file))
+    assert "uses another tokenizer than the target" in line
+
+
+def test_prompt_longer_than_the_context(models, tmp_path, capsys):
+    file = prompts(tmp_path, json.dumps({"prompt": "x" * 300}))
+    argv = bench(models / "target", "ngram", file) + ["--max-new-tokens", "2"]
+    line = fails(capsys, [*argv, "--dtype", "float32"])
+    assert "context of 256 positions: shorten the prompt" in line
+
+
+def test_empty_calibration_data(models, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = fails(
+        capsys, ["calibrate", str(models / "drafter"), "--target", "unused", "--data", str(empty)]
+    )
+    assert f"data source {empty} holds no documents" in line
+
+
+def test_unknown_calibration_method(capsys):
+    argv = ["calibrate", "a", "--target", "t", "--data", "d", "--method", "magic"]
+    assert "unknown calibrator kind 'magic'" in fails(capsys, argv)
+
+
+def test_invalid_config_value(capsys):
+    argv = ["prepare-data", "--target", "t", "--source", "s", "--out", "o", "--seq-len", "1"]
+    line = fails(capsys, argv)
+    assert line == "draftsmith prepare-data: error: seq_len must be at least 2, got 1"
+
+
+def recipe(tmp_path: Path, **changes) -> str:
+    raw = {"target": "unused", "head": "medusa", "data": {"source": "stdlib"}, "max_steps": 1}
+    raw["output_dir"] = str(tmp_path / "run")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**raw, **changes}))
+    return str(path)
+
+
+def test_unknown_recipe_key_lists_the_valid_ones(tmp_path, capsys):
+    line = fails(capsys, ["train", recipe(tmp_path), "max_step=2"])
+    assert line.startswith("draftsmith train: error: unknown key 'max_step' in TrainConfig")
+    assert "valid keys: target, target_dtype, head" in line
+
+
+def test_missing_recipe(tmp_path, capsys):
+    line = fails(capsys, ["train", str(tmp_path / "none.yaml")])
+    assert line == f"draftsmith train: error: recipe {tmp_path / 'none.yaml'} does not exist"
+
+
+def test_output_dir_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "taken").write_text("")
+    for output_dir in (tmp_path / "taken", tmp_path / "taken" / "run"):
+        line = fails(capsys, ["train", recipe(tmp_path, output_dir=str(output_dir))])
+        assert f"output_dir {output_dir}" in line and "taken is a file, not a folder" in line
+
+
+def test_head_config_typo_before_any_model_loads(tmp_path, capsys):
+    line = fails(capsys, ["train", recipe(tmp_path, head_args={"num_stepz": 2})])
+    assert "num_stepz" in line
+
+
+def test_debug_shows_the_traceback():
+    with pytest.raises(UnknownModelError):
+        main(["--debug", "fetch-model", "no-such-model"])
+    with pytest.raises(UnknownModelError):
+        main(["fetch-model", "no-such-model", "--debug"])
+
+
+def test_an_unexpected_error_is_one_line_too(monkeypatch, capsys):
+    def broken(name: str) -> Path:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("draftsmith.commands.fetch.fetch_model", broken)
+    line = fails(capsys, ["fetch-model", "smollm2-135m"], code=1)
+    assert line.startswith("draftsmith fetch-model: error: unexpected RuntimeError: boom")
+    assert "--debug" in line
+
+
+def test_train_script_gives_one_line_errors(tmp_path):
+    missing = tmp_path / "none.yaml"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts/train.py"), str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"scripts/train.py: error: recipe {missing} does not exist"
