@@ -129,7 +129,7 @@ def test_saving_never_leaves_a_half_written_artifact(artifacts, target, tmp_path
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("draftsmith.artifact.save_file", fail)
+    monkeypatch.setattr("draftsmith.artifact.save.save_file", fail)
     with pytest.raises(OSError, match="disk full"):
         save_artifact(head, target, tmp_path / "out", training={}, target_name_or_path="t")
     assert list(tmp_path.iterdir()) == []

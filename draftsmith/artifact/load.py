@@ -1,259 +1,30 @@
-"""The one artifact format of trained drafters: write it (`save_artifact`), check and load it
-(`load_drafter`), and identify the target it belongs to (`target_fingerprint`).
-
-    config.json         draftsmith_version, drafter kind, head (the kind's config), target
-                        (name_or_path, architecture, vocab_size, hidden_size, num_hidden_layers,
-                        fingerprint), feature_layers, draft_vocab, training
-    model.safetensors   the head's own tensors (never the target's shared modules)
-    calibration.json    optional, written by calibration
-    README.md           model card
-
-Loading validates before it trusts: the files exist, the version is readable (older formats are
-upgraded on read), the kind is known and the head config fits its config class (all of which
-`read_artifact_config` checks without a target), the target is the one the head was trained for
-(vocabulary, then fingerprint), the tensors are intact and exactly the ones the head has, finite,
-and not all still at their initialisation.
-"""
+"""Reading an artifact folder: validate before trusting, upgrade older formats, load."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
 import re
-import shutil
-import uuid
 import warnings
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
+from draftsmith.artifact.files import CALIBRATION_FILE, CONFIG_FILE, WEIGHTS_FILE, __version__
+from draftsmith.artifact.fingerprint import target_record
+from draftsmith.artifact.save import own_tensors
 from draftsmith.calibration import Calibrator
-from draftsmith.core.config import ConfigError, config_to_dict
+from draftsmith.core.config import ConfigError
 from draftsmith.heads import Drafter
 from draftsmith.heads.trainable import DraftHead, head_class, head_config
-
-logger = logging.getLogger(__name__)
-
-__version__ = version("draftsmith")
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-CALIBRATION_FILE = "calibration.json"
-README_FILE = "README.md"
-
-FINGERPRINT_CONFIG_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-    "tie_word_embeddings",
-)
-FINGERPRINT_ROWS = 8
-"""Rows of each sampled weight matrix that enter the fingerprint."""
 
 
 class UntrainedDrafterError(ValueError):
     """The artifact's weights are all still at the head's initialisation."""
-
-
-# -- fingerprint ----------------------------------------------------------------------------------
-
-
-def target_fingerprint(target: PreTrainedModel) -> str:
-    """sha256 identifying a target: its key config fields and samples of two weight matrices.
-
-    The samples are the first rows of the input embedding and of the last weight matrix of the
-    decoder stack (the last layer's), reduced to their signs: a sign survives casting between
-    float32, bfloat16 and float16, so a head trained on a float32 target loads onto the same
-    target in bfloat16, while another checkpoint (other seed, a fine-tune) differs in thousands of
-    signs. Cheap: a few rows, no pass over the weights.
-    """
-    config = target.config.get_text_config()
-    fields = {key: getattr(config, key, None) for key in FINGERPRINT_CONFIG_KEYS}
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    for weight in _fingerprint_weights(target):
-        rows = weight.detach()[:FINGERPRINT_ROWS].float().cpu()
-        digest.update(str(tuple(weight.shape)).encode())
-        digest.update(torch.sign(rows).to(torch.int8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _fingerprint_weights(target: PreTrainedModel) -> list[torch.Tensor]:
-    embed = target.get_input_embeddings().weight
-    output = target.get_output_embeddings()
-    skip = {id(embed), id(getattr(output, "weight", None))}
-    matrices = [p for p in target.parameters() if p.ndim == 2 and id(p) not in skip]
-    return [embed, *matrices[-1:]]
-
-
-def _target_record(target: PreTrainedModel, name_or_path: str) -> dict[str, Any]:
-    config = target.config.get_text_config()
-    architectures = getattr(target.config, "architectures", None) or [type(target).__name__]
-    return {
-        "name_or_path": name_or_path,
-        "architecture": architectures[0],
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_hidden_layers,
-        "fingerprint": target_fingerprint(target),
-    }
-
-
-# -- saving ---------------------------------------------------------------------------------------
-
-
-def own_tensors(head: DraftHead) -> dict[str, torch.Tensor]:
-    """The head's own state (parameters and buffers), one name per storage: tied tensors are
-    saved once, under their first name. Bound target modules are not part of it."""
-    tensors, seen = {}, set()
-    for name, tensor in head.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
-        if key in seen:
-            continue
-        seen.add(key)
-        tensors[name] = tensor
-    return tensors
-
-
-def save_artifact(
-    head: DraftHead,
-    target: PreTrainedModel,
-    out_dir: str | os.PathLike,
-    *,
-    training: dict,
-    target_name_or_path: str,
-) -> Path:
-    """Write `head` as an artifact directory at out_dir and return its path.
-
-    training: {"recipe": ..., "steps": ..., "metrics": ...} (JSON-serialisable). Everything is
-    written into a temporary sibling directory, config.json last, which then replaces out_dir in
-    one rename: a crash leaves either no artifact or a complete one. An existing artifact at
-    out_dir is replaced (its calibration.json too: it described the old weights); any other
-    non-empty directory there is an error.
-    """
-    out = Path(out_dir)
-    if out.exists() and not (out / CONFIG_FILE).is_file() and any(out.iterdir()):
-        raise FileExistsError(
-            f"{out} exists and is not a draftsmith artifact: choose an empty or new directory"
-        )
-    draft_to_target = head.draft_to_target()
-    config = {
-        "draftsmith_version": __version__,
-        "drafter": head.kind,
-        "head": config_to_dict(head.config),
-        "target": _target_record(target, target_name_or_path),
-        "feature_layers": list(head.target_feature_layers),
-        "draft_vocab": None if draft_to_target is None else {"size": int(draft_to_target.numel())},
-        "training": training,
-    }
-    try:
-        config_text = json.dumps(config, indent=2, allow_nan=False) + "\n"
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"the artifact config is not plain JSON ({error}): check `training`"
-        ) from error
-    tensors = {name: t.detach().cpu().contiguous() for name, t in own_tensors(head).items()}
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / README_FILE).write_text(model_card(config))
-        (tmp / CONFIG_FILE).write_text(config_text)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    logger.info("wrote %s drafter artifact to %s", head.kind, out)
-    return out
-
-
-def _replace_dir(new: Path, out: Path) -> None:
-    """Put the complete directory `new` at `out`, replacing an existing one."""
-    if not out.exists():
-        new.rename(out)
-        return
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-    out.rename(old)
-    new.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def model_card(config: dict[str, Any]) -> str:
-    """README.md of an artifact: what it drafts for, how it was trained, how well it drafts."""
-    target, training = config["target"], config["training"] or {}
-    metrics = training.get("metrics") or {}
-    lines = [
-        f"# {config['drafter']} drafter for {target['name_or_path'] or target['architecture']}",
-        "",
-        "A speculative-decoding drafter written by draftsmith "
-        f"{config['draftsmith_version']}. Load it next to its target with",
-        "",
-        "```python",
-        "from draftsmith import load_drafter",
-        "drafter = load_drafter(ARTIFACT_DIR, target)",
-        "```",
-        "",
-        "## Target",
-        "",
-        f"- name: `{target['name_or_path']}` ({target['architecture']}, "
-        f"{target['num_hidden_layers']} layers, hidden {target['hidden_size']}, "
-        f"vocabulary {target['vocab_size']})",
-        f"- fingerprint: `{target['fingerprint']}`",
-        f"- feature layers read: {config['feature_layers'] or 'none'}",
-        "",
-        "## Head",
-        "",
-        f"- kind: `{config['drafter']}`",
-        f"- config: `{json.dumps(_without(config['head'], 'draft_config'))}`",
-        f"- draft vocabulary: {config['draft_vocab']['size'] if config['draft_vocab'] else 'full'}",
-        "",
-        "## Training",
-        "",
-        f"- steps: {training.get('steps', 'unknown')}",
-    ]
-    recipe = training.get("recipe")
-    if isinstance(recipe, dict) and "data" in recipe:
-        lines.append(f"- data: `{json.dumps(recipe['data'])}`")
-    if metrics:
-        lines += ["", "| metric (held out) | value |", "|---|---|"]
-        lines += [f"| {key} | {value} |" for key, value in _flat(metrics).items()]
-    lines += [
-        "",
-        "Mean accepted length (tau) and calibration: see `draftsmith bench` and the "
-        "calibration report; `calibration.json`, when present, holds the calibrator fitted on "
-        "held-out data and its metrics before and after.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _without(mapping: dict, key: str) -> dict:
-    return {k: v for k, v in mapping.items() if k != key}
-
-
-def _flat(metrics: dict, prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-# -- loading --------------------------------------------------------------------------------------
 
 
 def load_drafter(
@@ -417,7 +188,7 @@ def _describe(record: dict[str, Any]) -> str:
 
 def _check_target(config: dict[str, Any], target: PreTrainedModel, path: Path) -> None:
     trained_for = config["target"]
-    given = _target_record(target, getattr(target.config, "name_or_path", "") or "")
+    given = target_record(target, getattr(target.config, "name_or_path", "") or "")
     if trained_for.get("vocab_size") != given["vocab_size"]:
         raise ValueError(
             f"{path} drafts over a vocabulary of {trained_for.get('vocab_size')} tokens "
