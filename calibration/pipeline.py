@@ -62,7 +62,9 @@ class CalibrateConfig:
     """Folds of sources for cross-fitting: each fold is scored by a calibrator fitted on the
     others (at most one fold per source)."""
     n_bins: int = 15
+    """Bins of the reliability diagram and of ECE (equal-mass for the headline ECE)."""
     seed: int = 0
+    """Seeds the document folds, the bootstrap and the sampled decoding."""
 
 
 def prompts_from_texts(

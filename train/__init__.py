@@ -1,1 +1,2 @@
-"""Training: target features (online or cached), objectives, the one trainer loop, checkpoints and logging."""
+"""Training: target features (online or cached), objectives, the one trainer loop, checkpoints
+and logging."""
