@@ -3,7 +3,14 @@
 Importing this package registers every built-in kind: the draft-model and n-gram drafters and
 the trainable heads (medusa, mtp, eagle, eagle3, distilled), each with its typed config."""
 
-from draftsmith.heads.base import Draft, Drafter, StopFn, drafter_class, register_drafter
+from draftsmith.heads.base import (
+    Draft,
+    Drafter,
+    StopFn,
+    drafter_class,
+    drafter_kinds,
+    register_drafter,
+)
 from draftsmith.heads.distilled import DistilledConfig, DistilledHead
 from draftsmith.heads.draft_model import DraftModelDrafter
 from draftsmith.heads.eagle import EagleConfig, EagleHead
@@ -45,6 +52,7 @@ __all__ = [
     "build_draft_vocab",
     "build_head",
     "drafter_class",
+    "drafter_kinds",
     "fit_draft_vocab",
     "head_class",
     "head_config",

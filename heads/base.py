@@ -104,3 +104,8 @@ def drafter_class(kind: str) -> type:
     if kind not in _REGISTRY:
         raise KeyError(f"unknown drafter kind {kind!r}; known kinds: {sorted(_REGISTRY)}")
     return _REGISTRY[kind]
+
+
+def drafter_kinds() -> list[str]:
+    """Every registered kind, sorted."""
+    return sorted(_REGISTRY)

@@ -8,6 +8,8 @@ from typing import ClassVar
 
 from draftsmith.commands.flags import POSITIONAL
 from draftsmith.core.config import config_help
+from draftsmith.heads import DraftHead, drafter_class, drafter_kinds
+from draftsmith.heads.trainable import head_class
 from draftsmith.train.config import TrainConfig, load_train_config
 from draftsmith.train.trainer import TrainResult, train
 
@@ -18,7 +20,14 @@ class TrainCommand:
     keys, dotted for nested ones (data.seq_len=256), values parsed as YAML (feature_cache=null).
     The recipe is checked whole before any model loads."""
 
-    EPILOG: ClassVar[str] = "config keys:\n" + config_help(TrainConfig)
+    EPILOG: ClassVar[str] = "\n\n".join(
+        ["config keys:\n" + config_help(TrainConfig)]
+        + [
+            f"head_args of head: {kind}\n" + config_help(head_class(kind).config_class, "head_args")
+            for kind in drafter_kinds()
+            if issubclass(drafter_class(kind), DraftHead)
+        ]
+    )
 
     recipe: Path = field(metadata=POSITIONAL)
     """YAML recipe, e.g. recipes/smollm2-135m/eagle3.yaml."""
