@@ -161,3 +161,12 @@ def test_every_recipe_loads_and_opens_with_its_launch_command(path):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# accelerate launch") or first.startswith("# draftsmith train")
     assert str(path.relative_to(REPO)) in path.read_text().splitlines()[1] + first
+
+
+def test_a_bare_no_reads_as_the_literal_option_it_spells(tmp_path):
+    # YAML 1.1 parses `no` as False; mixed_precision's options are strings.
+    assert load_config(write(tmp_path, MINIMAL), ["mixed_precision=no"]).mixed_precision == "no"
+    raw = {**MINIMAL, "mixed_precision": False}
+    assert load_config(write(tmp_path, raw)).mixed_precision == "no"
+    with pytest.raises(ConfigError, match="mixed_precision"):
+        load_config(write(tmp_path, MINIMAL), ["mixed_precision=yes"])

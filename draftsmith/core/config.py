@@ -177,6 +177,10 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return config_from_dict(hint, value, where)
     if origin is Literal:
+        if isinstance(value, bool) and not any(isinstance(a, bool) for a in args):
+            # YAML 1.1 reads a bare no / off / yes / on as a bool: take the option it spelled.
+            spellings = ("yes", "on", "true") if value else ("no", "off", "false")
+            value = next((a for a in args if a in spellings), value)
         if value not in args:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, args))}; got {value!r}")
         return value
