@@ -1,4 +1,4 @@
-"""Build the bundled benchmark prompt set, ``draftsmith/data/bench_prompts.jsonl``.
+"""Build the bundled benchmark prompt set, ``decoding/bench_prompts.jsonl``.
 
     apt-get install -y bible-kjv fortunes jargon-text
     python scripts/make_bench_prompts.py            # rewrites the file, prints a summary
@@ -45,7 +45,7 @@ from draftsmith.data.corpora import (
 )
 from draftsmith.data.documents import HELDOUT_FRACTION, document_split, stdlib_split
 
-OUT = Path(__file__).resolve().parents[1] / "draftsmith" / "data" / "bench_prompts.jsonl"
+OUT = Path(__file__).resolve().parents[1] / "decoding" / "bench_prompts.jsonl"
 TOKENIZER = "qwen2.5-coder-0.5b"
 CODE_PROMPTS, CHAT_PROMPTS = 8, 4
 CODE_TOKENS, TEXT_TOKENS = (100, 400), (100, 300)
