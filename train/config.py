@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from draftsmith.core.config import ConfigError, load_config
+from draftsmith.core.models import Dtype
 from draftsmith.data.documents import DataConfig
 from draftsmith.heads import HeadConfig, head_config
 from draftsmith.train.objectives import ObjectiveConfig
@@ -24,7 +25,7 @@ class TrainConfig:
 
     target: str
     """The frozen target: zoo name (smollm2-135m, ...), local folder or hub id."""
-    target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    target_dtype: Dtype = "auto"
     """Precision the target runs in (auto: its checkpoint's)."""
     head: str
     """Head kind, as registered (eagle3, eagle, mtp, medusa, distilled, ...)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from draftsmith.core.target import TargetBatch
@@ -26,7 +28,7 @@ class HeadObjective(nn.Module):
         if batch.features is not None:
             # float32, the head's master precision, whatever the target's (autocast, when on,
             # lowers them again where it pays)
-            batch.features = batch.features.float()
+            batch = replace(batch, features=batch.features.float())
         step_logits = self.head.forward_train(batch)
         out = draft_objective(
             step_logits,

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from draftsmith.commands import Dtype
+from draftsmith.core.models import Dtype
 
 BUNDLED_PROMPTS = "bench_prompts.jsonl"
 

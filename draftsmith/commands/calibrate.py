@@ -14,9 +14,8 @@ from draftsmith.calibration import calibrator_class
 from draftsmith.calibration.collect import collect_from_decoding, collect_teacher_forced
 from draftsmith.calibration.pipeline import CalibrateConfig, calibrate_records, prompts_from_texts
 from draftsmith.calibration.report import format_table
-from draftsmith.commands import Dtype
 from draftsmith.commands.flags import POSITIONAL, as_config
-from draftsmith.core.models import load_model
+from draftsmith.core.models import Dtype, load_model
 from draftsmith.data.documents import DataConfig, encode_documents, load_documents
 from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
 

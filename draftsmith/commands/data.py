@@ -8,9 +8,8 @@ from typing import ClassVar
 
 from transformers import AutoTokenizer
 
-from draftsmith.commands import Dtype
 from draftsmith.commands.flags import as_config
-from draftsmith.core.models import load_model
+from draftsmith.core.models import Dtype, load_model
 from draftsmith.core.zoo import resolve_model
 from draftsmith.data.documents import DataConfig, Split, load_documents, prepare_data
 from draftsmith.data.regenerate import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import torch
 from transformers import (
@@ -15,6 +16,9 @@ from transformers import (
 from draftsmith.core.zoo import resolve_model
 
 logger = logging.getLogger(__name__)
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+"""Precision a model loads in (auto: the checkpoint's own)."""
 
 DTYPES: dict[str, torch.dtype | str] = {
     "float32": torch.float32,

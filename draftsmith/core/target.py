@@ -97,10 +97,6 @@ class Target:
         """Positions held in the cache."""
         return self.cache.get_seq_length()
 
-    def reset(self) -> None:
-        """Forget every cached position (a new sequence)."""
-        self.cache = DynamicCache()
-
     def extend(
         self,
         tokens: torch.Tensor,
