@@ -148,25 +148,59 @@ def block_config(target_config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
-class DecoderBlock(nn.Module):
-    """One decoder layer of the target's architecture with that architecture's rotary embedding.
+def build_decoder_layer(target_config: PretrainedConfig) -> tuple[nn.Module, nn.Module]:
+    """A fresh decoder layer of the target's architecture and that architecture's rotary
+    embedding, both from transformers' own classes: a one-layer base model is built from a copy
+    of the target config and only its layer and rotary module are kept."""
+    base = AutoModel.from_config(block_config(target_config))
+    layers, rotary = getattr(base, "layers", None), getattr(base, "rotary_emb", None)
+    if layers is None or rotary is None:
+        raise ValueError(
+            f"{type(base).__name__} has no `layers` / `rotary_emb`: draftsmith builds head "
+            "blocks for rotary decoder-only architectures (Llama, Qwen2, Mistral, ...)"
+        )
+    return layers[0], rotary
 
-    Both come from transformers' own classes: a one-layer base model is built from a copy of the
-    target config and only its layer and rotary module are kept. The layer has its own weights
-    (it is not one of the target's layers) and keeps its keys/values in the cache it is given.
+
+def layer_inputs(
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    rotary: nn.Module,
+    cache_argument: str,
+    cache=None,
+) -> dict:
+    """The keyword arguments of a transformers decoder layer (or its attention) for rows hidden
+    (B, T, H) at positions (T,).
+
+    mask (T, S) bool, True where a row may attend to a key (S = cached + T keys); None lets
+    every row attend to every key (one new row after a cache). cache: a DynamicCache that gains
+    the T new keys/values, or None.
+    """
+    position_ids = positions.to(hidden.device)[None].expand(hidden.shape[0], -1)
+    additive = None
+    if mask is not None:
+        additive = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device)
+        additive = additive.masked_fill(~mask.to(hidden.device), torch.finfo(hidden.dtype).min)
+        additive = additive[None, None]
+    return {
+        "attention_mask": additive,
+        "position_ids": position_ids,
+        "use_cache": cache is not None,
+        cache_argument: cache,
+        "position_embeddings": rotary(hidden, position_ids),
+    }
+
+
+class DecoderBlock(nn.Module):
+    """One decoder layer of the target's architecture with that architecture's rotary embedding
+    (`build_decoder_layer`). The layer has its own weights (it is not one of the target's
+    layers) and keeps its keys/values in the cache it is given.
     """
 
     def __init__(self, target_config: PretrainedConfig) -> None:
         super().__init__()
-        base = AutoModel.from_config(block_config(target_config))
-        layers, rotary = getattr(base, "layers", None), getattr(base, "rotary_emb", None)
-        if layers is None or rotary is None:
-            raise ValueError(
-                f"{type(base).__name__} has no `layers` / `rotary_emb`: draftsmith builds head "
-                "blocks for rotary decoder-only architectures (Llama, Qwen2, Mistral, ...)"
-            )
-        self.layer = layers[0]
-        self.rotary = rotary
+        self.layer, self.rotary = build_decoder_layer(target_config)
         self._cache_argument = cache_argument(self.layer)
 
     def forward(
@@ -176,26 +210,9 @@ class DecoderBlock(nn.Module):
         mask: torch.Tensor | None = None,
         cache=None,
     ) -> torch.Tensor:
-        """hidden (B, T, H) at positions (T,) -> (B, T, H).
-
-        mask (T, S) bool, True where a row may attend to a key (S = cached + T keys); None lets
-        every row attend to every key (one new row after a cache). cache: a DynamicCache that
-        gains the T new keys/values, or None.
-        """
-        position_ids = positions.to(hidden.device)[None].expand(hidden.shape[0], -1)
-        additive = None
-        if mask is not None:
-            additive = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device)
-            additive = additive.masked_fill(~mask.to(hidden.device), torch.finfo(hidden.dtype).min)
-            additive = additive[None, None]
-        return self.layer(
-            hidden,
-            attention_mask=additive,
-            position_ids=position_ids,
-            use_cache=cache is not None,
-            **{self._cache_argument: cache},
-            position_embeddings=self.rotary(hidden, position_ids),
-        )
+        """hidden (B, T, H) at positions (T,) -> (B, T, H); mask and cache as `layer_inputs`."""
+        inputs = layer_inputs(hidden, positions, mask, self.rotary, self._cache_argument, cache)
+        return self.layer(hidden, **inputs)
 
 
 def causal_mask(rows: int, cached: int = 0) -> torch.Tensor:

@@ -53,10 +53,9 @@ class FeatureRecurrentHead(SharesTargetParts, DraftHead):
     target feature, and the token at t + j, attending as drafting would (`unrolled_mask`). So step
     j at row t predicts the token at t + 1 + j, the alignment convention of `DraftHead`.
 
-    Kinds implement `fuse`, `combine` and `logits`; they own `block` and `_target`.
+    Kinds implement `fuse`, `run_layer` and `logits`; they own `_target`.
     """
 
-    block: DecoderBlock
     hidden_size: int
     _target: TargetParts | None
 
@@ -65,8 +64,16 @@ class FeatureRecurrentHead(SharesTargetParts, DraftHead):
         """Target features (..., F) -> (..., H), the stand-in for the head's own output."""
 
     @abstractmethod
-    def combine(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """hidden (B, T, H) and token embeddings (B, T, H) -> block input (B, T, H)."""
+    def run_layer(
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache=None,
+    ) -> torch.Tensor:
+        """hidden (B, T, H) and token embeddings (B, T, H) at positions (T,) -> predicted
+        features (B, T, H); mask and cache as `blocks.layer_inputs`."""
 
     @abstractmethod
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -87,7 +94,7 @@ class FeatureRecurrentHead(SharesTargetParts, DraftHead):
         """One block pass: hidden (B, T, H) (fused target features or the head's own outputs)
         with input_ids (B, T) at positions (T,) -> predicted features (B, T, H)."""
         embeds = self.parts().embeddings(input_ids, self.dtype)
-        return self.block(self.combine(hidden, embeds), positions, mask, cache)
+        return self.run_layer(hidden, embeds, positions, mask, cache)
 
     def unroll(self, features: torch.Tensor, input_ids: torch.Tensor) -> list[torch.Tensor]:
         """features (B, T, F), input_ids (B, T) -> num_steps predicted features, each (B, T, H)."""
@@ -162,8 +169,8 @@ class EagleHead(FeatureRecurrentHead):
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return features.to(self.fc.weight)
 
-    def combine(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.cat([hidden, embeds], dim=-1))
+    def run_layer(self, hidden, embeds, positions, mask, cache=None) -> torch.Tensor:
+        return self.block(self.fc(torch.cat([hidden, embeds], dim=-1)), positions, mask, cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.parts().logits(hidden)

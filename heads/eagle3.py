@@ -1,16 +1,14 @@
-"""EAGLE-3: fused low/mid/high target features, training-time test, optional reduced vocabulary.
+"""EAGLE-3 in the published layout: fused low/mid/high target features, one widened decoder
+layer, training-time test, optional reduced vocabulary.
 
-Per row t: fc(3H -> H) fuses the target's features of position t - 1 from three layers; the
-fused feature and the embedding of the token at t, each RMS-normed, are concatenated (2H) and
-projected to H, run through one decoder layer of the target's architecture, then the head's own
-final norm and own LM head over the draft vocabulary. Training unrolls `num_steps` steps on the
-head's own outputs (the training-time test, see `FeatureRecurrentHead`).
-
-Layer input: the paper's layer takes the 2H concatenation straight into its attention
-projections, with the fused feature as the residual. Here a 2H -> H projection comes first, so the
-layer is the target architecture's standard decoder layer (built through transformers, with its
-own rotary embedding and attention code) rather than a modified copy; its residual stream starts
-at the projected input.
+The layout is the one the EAGLE repository, SpecForge, speculators, vLLM and SGLang share, so
+weights map one to one onto theirs (`draftsmith.artifact.engines`). Per row t: `fc` (3H -> H, no
+bias) fuses the target's features of position t - 1 from three layers; the decoder layer's
+q/k/v projections read 2H, the concatenation of `input_layernorm(embedding of token t)` and
+`hidden_norm(fused)`, while its residual stream starts at the un-normalised fused feature; then
+the standard `post_attention_layernorm` and MLP. Logits are `lm_head(norm(h))` over the draft
+vocabulary, and the next draft step is fed the un-normalised `h`. Training unrolls `num_steps`
+steps on the head's own outputs (the training-time test, see `FeatureRecurrentHead`).
 """
 
 from __future__ import annotations
@@ -21,8 +19,15 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from draftsmith.core.cache import cache_argument
 from draftsmith.heads.base import register_drafter
-from draftsmith.heads.blocks import DecoderBlock, rms_norm, seeded, text_config
+from draftsmith.heads.blocks import (
+    build_decoder_layer,
+    layer_inputs,
+    rms_norm,
+    seeded,
+    text_config,
+)
 from draftsmith.heads.eagle import FeatureRecurrentHead
 from draftsmith.heads.trainable import StepsConfig
 from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
@@ -50,6 +55,62 @@ class Eagle3Config(DraftVocabConfig, StepsConfig):
             raise ValueError("feature_layers must name at least one layer (or be null)")
 
 
+class Eagle3DecoderLayer(nn.Module):
+    """The EAGLE-3 decoder layer, made of a transformers decoder layer of the target's
+    architecture whose q/k/v projections are widened to read 2H (`widen_attention_inputs`), plus
+    `hidden_norm`. Parameter names are the reference ones (`self_attn.*`, `mlp.*`,
+    `input_layernorm`, `hidden_norm`, `post_attention_layernorm`)."""
+
+    def __init__(self, target_config: PretrainedConfig) -> None:
+        super().__init__()
+        text = text_config(target_config)
+        layer, self.rotary = build_decoder_layer(text)
+        parts = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+        if any(not hasattr(layer, name) for name in parts):
+            raise ValueError(
+                f"{type(layer).__name__} is not a pre-norm decoder layer with {list(parts)}: "
+                "the EAGLE-3 layout needs one (Llama, Qwen2, Mistral, ...)"
+            )
+        self.self_attn = widen_attention_inputs(layer.self_attn, 2 * text.hidden_size)
+        self.mlp = layer.mlp
+        self.input_layernorm = layer.input_layernorm
+        self.hidden_norm = rms_norm(text)
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self._cache_argument = cache_argument(layer)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        """hidden (B, T, H) (fused features or the previous step's output) and token embeddings
+        (B, T, H) at positions (T,) -> (B, T, H); mask and cache as `blocks.layer_inputs`."""
+        inputs = layer_inputs(hidden, positions, mask, self.rotary, self._cache_argument, cache)
+        both = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        attended, _ = self.self_attn(both, **inputs)
+        hidden = hidden + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def widen_attention_inputs(attention: nn.Module, width: int) -> nn.Module:
+    """Replace attention's q/k/v projections by fresh ones reading `width` features, in place;
+    returns attention. They keep their output size and, as in the published layout, have no bias
+    (so a Qwen2 target's layer maps onto the engines' Llama layer too)."""
+    for name in ("q_proj", "k_proj", "v_proj"):
+        old = getattr(attention, name, None)
+        if not isinstance(old, nn.Linear):
+            raise ValueError(
+                f"{type(attention).__name__} has no linear {name}: the EAGLE-3 layout widens "
+                "separate q/k/v projections"
+            )
+        new = nn.Linear(width, old.out_features, bias=False)
+        setattr(attention, name, new.to(old.weight.dtype))
+    return attention
+
+
 @register_drafter("eagle3")
 class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
     """EAGLE-3 head with its own final norm and LM head, over the full target vocabulary
@@ -75,9 +136,7 @@ class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
         self.num_steps, self.hidden_size = config.num_steps, hidden
         with seeded(config.seed):
             self.fc = nn.Linear(len(self.target_feature_layers) * hidden, hidden, bias=False)
-            self.hidden_norm, self.embed_norm = rms_norm(text), rms_norm(text)
-            self.proj = nn.Linear(2 * hidden, hidden, bias=False)
-            self.block = DecoderBlock(text)
+            self.midlayer = Eagle3DecoderLayer(text)
             self.norm = rms_norm(text)
             self.lm_head = nn.Linear(hidden, config.draft_vocab_size or vocab, bias=False)
         self._target = None
@@ -85,8 +144,8 @@ class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return self.fc(features.to(self.fc.weight))
 
-    def combine(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        return self.proj(torch.cat([self.hidden_norm(hidden), self.embed_norm(embeds)], dim=-1))
+    def run_layer(self, hidden, embeds, positions, mask, cache=None) -> torch.Tensor:
+        return self.midlayer(hidden, embeds, positions, mask, cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))

@@ -196,8 +196,8 @@ def test_misshapen_tensor_is_named(artifact, target):
 
 
 def test_non_finite_tensor_is_named(artifact, target):
-    _rewrite_tensors(artifact, lambda t: t["proj.weight"].fill_(float("nan")))
-    with pytest.raises(ValueError, match=r"NaN or infinite values in \['proj.weight'\]"):
+    _rewrite_tensors(artifact, lambda t: t["lm_head.weight"].fill_(float("nan")))
+    with pytest.raises(ValueError, match=r"NaN or infinite values in \['lm_head.weight'\]"):
         load_drafter(artifact, target)
 
 
@@ -267,16 +267,25 @@ def test_a_0_1_artifact_with_its_old_name_for_the_steps_loads(
         assert torch.equal(_drafts(loaded, head, target, prompt).tokens, original.tokens)
 
 
-def test_an_older_artifact_that_does_not_upgrade_names_its_format_and_the_fix(artifact):
-    config = json.loads((artifact / CONFIG_FILE).read_text())
+def test_an_older_artifact_that_does_not_upgrade_names_its_format_and_the_fix(artifacts, tmp_path):
+    old = shutil.copytree(artifacts("medusa")[1], tmp_path / "medusa")
+    config = json.loads((old / CONFIG_FILE).read_text())
     edit = {"draftsmith_version": "0.1.0", "head": {"num_steps": 2, "wings": 2}}
-    (artifact / CONFIG_FILE).write_text(json.dumps({**config, **edit}))
+    (old / CONFIG_FILE).write_text(json.dumps({**config, **edit}))
     message = (
         r"written by draftsmith 0\.1\.0 \(format 0\.1\).*'head.wings'.*Load it with "
         r"draftsmith 0\.1\.0, or retrain the head"
     )
     with pytest.raises(ValueError, match=message):
-        read_artifact_config(artifact)
+        read_artifact_config(old)
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
+def test_an_eagle3_head_in_the_old_layout_is_refused_with_the_fix(artifact, target, version):
+    config = json.loads((artifact / CONFIG_FILE).read_text())
+    (artifact / CONFIG_FILE).write_text(json.dumps({**config, "draftsmith_version": version}))
+    with pytest.raises(ValueError, match=r"old draftsmith layout.*Retrain the head"):
+        load_drafter(artifact, target)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -16,6 +16,7 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads import DraftHead, EagleConfig, MedusaConfig, build_draft_vocab, head_config
 from draftsmith.heads import build_head as build_kind
+from draftsmith.heads.blocks import causal_mask
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,73 @@ def test_step_k_at_t_reads_nothing_past_what_drafting_has(name, llama):
             assert not torch.allclose(moved[k][:, t], base[k][:, t])
 
 
+def test_eagle3_has_the_published_layout(llama):
+    """Parameter names and shapes are the ones the EAGLE repository, speculators and the engines
+    use, so a weight maps onto theirs by name."""
+    head = build_head("eagle3", llama)
+    hidden, kv = llama.config.hidden_size, llama.config.num_key_value_heads * 16
+    shapes = {name: tuple(t.shape) for name, t in head.state_dict().items()}
+    assert shapes == {
+        "fc.weight": (hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": (hidden, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, hidden),
+        "midlayer.mlp.gate_proj.weight": (128, hidden),
+        "midlayer.mlp.up_proj.weight": (128, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, 128),
+        "midlayer.input_layernorm.weight": (hidden,),
+        "midlayer.hidden_norm.weight": (hidden,),
+        "midlayer.post_attention_layernorm.weight": (hidden,),
+        "norm.weight": (hidden,),
+        "lm_head.weight": (256, hidden),
+    }
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def test_eagle3_layer_computes_the_published_formula(llama):
+    """The layer against the EAGLE-3 formula written out here by hand: attention over
+    [input_layernorm(embeds) ; hidden_norm(hidden)], residual from the un-normalised hidden, then
+    post_attention_layernorm and the SwiGLU MLP; logits lm_head(norm(h))."""
+    head = build_head("eagle3", llama)
+    layer, eps = head.midlayer, llama.config.rms_norm_eps
+    gen = torch.Generator().manual_seed(0)
+    hidden, embeds = torch.randn(1, 5, 64, generator=gen), torch.randn(1, 5, 64, generator=gen)
+    positions = torch.arange(3, 8)
+    with torch.no_grad():
+        got = layer(hidden, embeds, positions, mask=causal_mask(5))
+        attn = layer.self_attn
+        both = torch.cat(
+            [
+                _rms(embeds, layer.input_layernorm.weight, eps),
+                _rms(hidden, layer.hidden_norm.weight, eps),
+            ],
+            dim=-1,
+        )
+        heads = lambda x: x.view(1, 5, -1, 16).transpose(1, 2)  # noqa: E731
+        q, k, v = heads(attn.q_proj(both)), heads(attn.k_proj(both)), heads(attn.v_proj(both))
+        cos, sin = layer.rotary(hidden, positions[None])
+        q, k = _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        scores = (q @ k.transpose(-1, -2) / 4.0).masked_fill(~causal_mask(5), float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        h = hidden + attn.o_proj((weights @ v).transpose(1, 2).reshape(1, 5, 64))
+        mlp = layer.mlp
+        x = _rms(h, layer.post_attention_layernorm.weight, eps)
+        want = h + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        logits = head.lm_head(_rms(want, head.norm.weight, eps))
+        torch.testing.assert_close(head.logits(got), logits, rtol=1e-5, atol=1e-5)
+
+
 def test_eagle3_training_time_test_unrolls_on_its_own_outputs(llama):
     """Step 1 at row t must not read the target feature of position t (drafting does not have
     it), yet must depend on step 0's output there: it consumes the head's own prediction."""
@@ -146,13 +214,13 @@ def test_eagle3_training_time_test_unrolls_on_its_own_outputs(llama):
     base = head.forward_train(batch)
     t = 3
     with torch.no_grad():
-        head.block.layer.mlp.down_proj.weight.mul_(1.5)  # changes step 0's outputs
+        head.midlayer.mlp.down_proj.weight.mul_(1.5)  # changes step 0's outputs
     reweighted = head.forward_train(batch)
     assert not torch.allclose(reweighted[1][:, t], base[1][:, t])
     # Step 0 at row t + 1 reads feature t; step 1 at row t stands for the same draft position
     # and must not.
     with torch.no_grad():
-        head.block.layer.mlp.down_proj.weight.div_(1.5)
+        head.midlayer.mlp.down_proj.weight.div_(1.5)
     features = batch.features.clone()
     features[:, t] += 1.0
     moved = head.forward_train(TargetBatch(input_ids, batch.loss_mask, features, None))

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
+from draftsmith.artifact.checks import check_tensors
 from draftsmith.artifact.files import CALIBRATION_FILE, CONFIG_FILE, WEIGHTS_FILE, __version__
 from draftsmith.artifact.fingerprint import target_record
 from draftsmith.artifact.save import own_tensors
@@ -69,7 +70,7 @@ def load_head(
     _check_layout(head, config, path)
     head.bind_target(target)  # before loading: binding may initialise a fresh head
     expected = own_tensors(head)
-    _check_tensor_names(expected, tensors, path)
+    check_tensors(expected, tensors, path / WEIGHTS_FILE)
     _check_trained(head, tensors, path, allow_untrained)
     head.load_state_dict(tensors, strict=False)  # tied aliases are filled through their storage
     head.to(device=target.device, dtype=target.dtype)  # integer buffers (d2t) keep their dtype
@@ -137,7 +138,16 @@ def _upgrade(config: dict[str, Any], written: tuple[int, int]) -> dict[str, Any]
 
     0.1 -> 0.2: the number of draft steps has one name across kinds, `num_steps`: medusa's
     `num_heads` and mtp's `num_modules` under "head" are renamed.
+    0.3: EAGLE-3 heads take the published layout; older ones have other weights and do not load.
     """
+    if written < (0, 3) and config["drafter"] == "eagle3":
+        raise ValueError(
+            f"this EAGLE-3 head was written by draftsmith {config['draftsmith_version']} in the "
+            "old draftsmith layout (a 2H -> H projection before a standard decoder layer); "
+            f"draftsmith {__version__} uses the published EAGLE-3 layout that vLLM and SGLang "
+            "load, which has other weights. Retrain the head with this draftsmith (same recipe), "
+            "or load it with draftsmith 0.2"
+        )
     if written < (0, 2):
         renamed = _RENAMED_IN_0_2.get(config["drafter"], {})
         config = {**config, "head": {renamed.get(k, k): v for k, v in config["head"].items()}}
@@ -226,36 +236,6 @@ def _check_layout(head: DraftHead, config: dict[str, Any], path: Path) -> None:
         raise ValueError(
             f"{path / CONFIG_FILE}: draft_vocab {config['draft_vocab']} disagrees with the head "
             f"config ({size})"
-        )
-
-
-def _check_tensor_names(
-    expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], path: Path
-) -> None:
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{path / WEIGHTS_FILE} does not match the head its config describes: missing "
-            f"tensors {missing}, unexpected tensors {unexpected} (was it written by another "
-            "head kind or version? export the drafter again)"
-        )
-    misshapen = [
-        f"{name} {tuple(found[name].shape)} (expected {tuple(t.shape)})"
-        for name, t in expected.items()
-        if found[name].shape != t.shape
-    ]
-    if misshapen:
-        raise ValueError(f"{path / WEIGHTS_FILE} has tensors of the wrong shape: {misshapen}")
-    broken = [
-        name
-        for name, t in found.items()
-        if t.is_floating_point() and not bool(torch.isfinite(t).all())
-    ]
-    if broken:
-        raise ValueError(
-            f"{path / WEIGHTS_FILE} holds NaN or infinite values in {broken}: the training "
-            "diverged; retrain (lower the learning rate) or use an earlier checkpoint"
         )
 
 

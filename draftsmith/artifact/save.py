@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from transformers import PreTrainedModel
 
 from draftsmith.artifact.files import CONFIG_FILE, README_FILE, WEIGHTS_FILE, __version__
 from draftsmith.artifact.fingerprint import target_record
+from draftsmith.artifact.staging import staged_directory
 from draftsmith.core.config import config_to_dict
 from draftsmith.heads.trainable import DraftHead
 
@@ -74,30 +73,12 @@ def save_artifact(
         ) from error
     tensors = {name: t.detach().cpu().contiguous() for name, t in own_tensors(head).items()}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staged_directory(out) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / README_FILE).write_text(model_card(config))
         (tmp / CONFIG_FILE).write_text(config_text)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     logger.info("wrote %s drafter artifact to %s", head.kind, out)
     return out
-
-
-def _replace_dir(new: Path, out: Path) -> None:
-    """Put the complete directory `new` at `out`, replacing an existing one."""
-    if not out.exists():
-        new.rename(out)
-        return
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-    out.rename(old)
-    new.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def model_card(config: dict[str, Any]) -> str:
