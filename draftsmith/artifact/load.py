@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from draftsmith.artifact.checks import check_tensors
+from draftsmith.artifact.engines import foreign_layout, import_head
 from draftsmith.artifact.files import CALIBRATION_FILE, CONFIG_FILE, WEIGHTS_FILE, __version__
 from draftsmith.artifact.fingerprint import target_record
 from draftsmith.artifact.save import own_tensors
@@ -54,8 +55,11 @@ def load_head(
 ) -> DraftHead:
     """The artifact's trained head, bound to `target`, in eval mode, on the target's device and
     dtype (its training-side interface, e.g. for teacher-forced calibration); checked as
-    `load_drafter` checks it."""
+    `load_drafter` checks it. A head published in an engine's layout (speculators, SGLang, the
+    EAGLE or Medusa repository, vLLM Medusa) is imported (`engines.import_head`)."""
     path = Path(path)
+    if foreign_layout(path) is not None:
+        return import_head(path, target)
     config = read_artifact_config(path)
     kind = config["drafter"]
     _check_target(config, target, path)

@@ -36,6 +36,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "calibrate:CalibrateCommand",
         "calibrate an artifact's confidence: ARTIFACT --target NAME --data FILE|SOURCE",
     ),
+    "export": (
+        "engines:ExportCommand",
+        "write an artifact for vLLM / SGLang: ARTIFACT --format speculators|sglang|vllm-medusa",
+    ),
+    "import": (
+        "engines:ImportCommand",
+        "import a published EAGLE-3 / Medusa head: SOURCE --target NAME --out DIR",
+    ),
 }
 """Subcommand -> (``module:Class`` under draftsmith.commands, one-line summary)."""
 

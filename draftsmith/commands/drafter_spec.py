@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.artifact import load_acceptance_model, load_drafter, read_artifact_config
+from draftsmith.artifact.engines import foreign_layout
 from draftsmith.core.models import check_same_vocabulary, load_model
 from draftsmith.core.signals import AcceptanceModel
 from draftsmith.heads import Drafter, DraftModelDrafter, NgramDrafter
@@ -41,7 +42,7 @@ def check_spec(spec: str) -> None:
     """What of a spec can be checked before any model loads: its form, and an artifact's
     config.json and calibration.json."""
     kind, arg = parse_spec(spec)
-    if kind == "artifact":
+    if kind == "artifact" and foreign_layout(arg) is None:
         read_artifact_config(arg)
         load_acceptance_model(arg)
 

@@ -1,0 +1,128 @@
+"""Heads in the serving engines' formats: `export_artifact` writes a draftsmith artifact as vLLM
+(speculators, Medusa) or SGLang read it; `import_head` reads a head published in one of those
+layouts, the EAGLE repository's or the Medusa repository's, as a draftsmith head.
+
+| format | holds | written | read |
+|---|---|---|---|
+| speculators | EAGLE-3 | `export --format speculators` (vLLM serves it) | yes |
+| sglang | EAGLE-3 | `export --format sglang` | yes (also the EAGLE repository's layout) |
+| vllm-medusa | Medusa | `export --format vllm-medusa` | yes |
+| medusa-repo | Medusa | no | yes (`medusa_lm_head.safetensors`) |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from draftsmith.artifact.checks import check_tensors
+from draftsmith.artifact.engines.conventions import read_safetensors
+from draftsmith.artifact.engines.eagle3 import (
+    read_eagle,
+    read_speculators,
+    write_sglang,
+    write_speculators,
+)
+from draftsmith.artifact.engines.medusa import read_medusa_repo, read_vllm_medusa, write_vllm_medusa
+from draftsmith.artifact.save import own_tensors
+from draftsmith.artifact.staging import staged_directory
+from draftsmith.heads.trainable import DraftHead, head_class, head_config
+
+EXPORT_FORMATS = ("speculators", "sglang", "vllm-medusa")
+
+_READERS = {
+    "speculators": ("eagle3", read_speculators, ("model.safetensors",)),
+    "eagle": ("eagle3", read_eagle, ("model.safetensors",)),
+    "vllm-medusa": ("medusa", read_vllm_medusa, ("model.safetensors",)),
+    "medusa-repo": ("medusa", read_medusa_repo, ("medusa_lm_head.safetensors",)),
+}
+
+
+def export_head(
+    head: DraftHead,
+    target: PreTrainedModel,
+    out_dir: str | os.PathLike,
+    fmt: str,
+    *,
+    verifier: str,
+    draft_tokens: int = 3,
+) -> Path:
+    """Write `head` (bound to `target`) in engine format `fmt` at out_dir, in one rename.
+
+    verifier: the target's name as the engine should load it (speculators writes it into the
+    config; vLLM serves the folder with that model as the target). draft_tokens: the number of
+    speculative tokens the config proposes.
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; choose one of {list(EXPORT_FORMATS)}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty: choose a new directory")
+    with staged_directory(out) as tmp:
+        if fmt == "speculators":
+            write_speculators(head, target, tmp, verifier=verifier, draft_tokens=draft_tokens)
+        elif fmt == "sglang":
+            write_sglang(head, target, tmp, draft_tokens=draft_tokens)
+        else:
+            write_vllm_medusa(head, target, tmp, draft_tokens=draft_tokens)
+    return out
+
+
+def foreign_layout(path: str | os.PathLike) -> str | None:
+    """Which engine layout the folder at path holds (a key of the import table), or None for a
+    draftsmith artifact or anything else."""
+    config = _read_config(Path(path))
+    if config is None or "draftsmith_version" in config:
+        return None
+    if "speculators_model_type" in config:
+        return "speculators"
+    if config.get("model_type") == "medusa":
+        return "vllm-medusa"
+    if "medusa_num_heads" in config:
+        return "medusa-repo"
+    architectures = config.get("architectures") or []
+    if "draft_vocab_size" in config or any("Eagle3" in a for a in architectures):
+        return "eagle"
+    return None
+
+
+def import_head(path: str | os.PathLike, target: PreTrainedModel) -> DraftHead:
+    """The head published at path (speculators, SGLang / EAGLE repository, vLLM Medusa or Medusa
+    repository layout), validated against `target` and bound to it, in eval mode on the
+    target's device and dtype."""
+    folder = Path(path)
+    layout = foreign_layout(folder)
+    if layout is None:
+        raise ValueError(
+            f"{folder} holds no head in a layout draftsmith imports ({', '.join(_READERS)}): "
+            "its config.json is missing or names none of them"
+        )
+    kind, read, names = _READERS[layout]
+    config = _read_config(folder)
+    tensors = read_safetensors(folder, names)
+    where = folder / names[0]
+    args, state = read(config, tensors, target, where)
+    try:
+        head = head_class(kind)(target.config, head_config(kind, args, "head"))
+    except ValueError as error:
+        raise ValueError(f"{folder}: cannot build a {kind} head for this target: {error}") from None
+    head.bind_target(target)
+    check_tensors(own_tensors(head), state, where, fix="is it a head for this target?")
+    head.load_state_dict(state, strict=False)
+    head.to(device=target.device, dtype=target.dtype)
+    return head.eval()
+
+
+def _read_config(folder: Path) -> dict[str, Any] | None:
+    file = folder / "config.json"
+    if not file.is_file():
+        return None
+    try:
+        config = json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file} is not valid JSON: {error}") from error
+    return config if isinstance(config, dict) else None
