@@ -1,0 +1,101 @@
+"""EAGLE-3 parity against the speculators package's own model classes (code no one here wrote).
+
+Runs in the separate environment `scripts/speculators_env.sh` makes (speculators pins older
+transformers and datasets than draftsmith), driven by tests/test_speculators_parity.py:
+
+    python scripts/speculators_parity.py logits FOLDER INPUTS OUT
+        Load FOLDER (speculators format, e.g. `draftsmith export --format speculators`) with
+        speculators' Eagle3SpeculatorConfig / Eagle3DraftModel and write the first draft
+        step's logits over the draft vocabulary for INPUTS (safetensors: `hidden_states`
+        (1, T, 3H), row t the target features of position t - 1; `input_ids` (1, T)) to OUT.
+    python scripts/speculators_parity.py make VERIFIER OUT LAYERS DRAFT_VOCAB
+        Build a random EAGLE-3 head with speculators for the target checkpoint folder VERIFIER
+        (feature layers LAYERS, e.g. 2,4,5, in speculators' numbering; a draft vocabulary of
+        the DRAFT_VOCAB lowest ids plus every third id), and save it to OUT with speculators'
+        save_pretrained.
+
+Offline throughout: the verifier is a local folder, never a hub id.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: E402
+from transformers import AutoConfig, LlamaConfig  # noqa: E402
+
+
+def load_offline(folder: str) -> Eagle3DraftModel:
+    """speculators' model from a saved folder without resolving the verifier (from_pretrained
+    would look it up): config -> model -> state dict, strictly apart from the verifier's own
+    tensors, which speculators never saves."""
+    config = Eagle3SpeculatorConfig.from_pretrained(folder)
+    config.transformer_layer_config._attn_implementation = "sdpa"  # any length, explicit mask
+    model = Eagle3DraftModel(config)
+    missing, unexpected = model.load_state_dict(
+        load_file(os.path.join(folder, "model.safetensors")), strict=False
+    )
+    missing = [n for n in missing if not n.startswith("verifier_")]
+    if missing or unexpected:
+        sys.exit(f"speculators did not load {folder}: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def first_step_logits(folder: str, inputs: str, out: str) -> None:
+    model = load_offline(folder)
+    tensors = load_file(inputs)
+    hidden, input_ids = tensors["hidden_states"], tensors["input_ids"]
+    captured = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+    with torch.no_grad():
+        model(
+            hidden_states=hidden.to(model.fc.weight.dtype),
+            input_ids=input_ids,
+            document_ids=torch.zeros_like(input_ids),
+            ttt_steps=1,
+        )
+    hook.remove()
+    save_file({"logits": captured[0].float().contiguous()}, out)
+
+
+def make(verifier: str, out: str, layers: str, draft_vocab: int) -> None:
+    vocab = AutoConfig.from_pretrained(verifier).vocab_size
+    chosen = sorted(set(range(draft_vocab // 2)) | set(range(0, vocab, 3)))[:draft_vocab]
+    ids = torch.tensor(chosen)
+    d2t = ids - torch.arange(draft_vocab)  # speculators' offsets
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    layer = AutoConfig.from_pretrained(verifier).to_dict()
+    layer.update(num_hidden_layers=1, architectures=None)
+    torch.manual_seed(0)
+    model = Eagle3DraftModel.from_training_args(
+        verifier_config=LlamaConfig(**layer),
+        t2d=t2d,
+        d2t=d2t,
+        verifier_name_or_path=verifier,
+        target_layer_ids=[int(i) for i in layers.split(",")],
+        draft_vocab_size=draft_vocab,
+        norm_before_residual=False,
+        ttt_steps=3,
+        draft_attn_impl="sdpa",
+    )
+    with torch.no_grad():  # off the initialisation (norms start at one), reproducibly
+        for name, p in model.named_parameters():
+            if name.startswith(("layers.", "fc.", "norm.", "lm_head.")):
+                p.add_(torch.randn(p.shape) * 0.05)
+    model.save_pretrained(out)
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "logits":
+        first_step_logits(*args)
+    elif command == "make":
+        make(args[0], args[1], args[2], int(args[3]))
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,97 @@
+"""EAGLE-3 parity with the speculators package's own model classes, in both directions: our
+speculators export loaded by speculators, and a head built and saved by speculators imported
+here, each giving the same draft logits on the same inputs (a tiny random target).
+
+speculators pins older transformers and datasets, so it lives in its own environment: make it with
+`bash scripts/speculators_env.sh` and point SPECULATORS_PYTHON at its python (default
+.venv-speculators/bin/python).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+from safetensors.torch import load_file, save_file
+
+from draftsmith.artifact.engines import export_head, import_head
+from draftsmith.core.target import Target
+from draftsmith.heads import build_draft_vocab, build_head
+from draftsmith.heads.blocks import causal_mask, lag
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = Path(os.environ.get("SPECULATORS_PYTHON", ROOT / ".venv-speculators/bin/python"))
+SCRIPT = ROOT / "scripts" / "speculators_parity.py"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not PYTHON.is_file(),
+        reason=f"no speculators environment at {PYTHON}: bash scripts/speculators_env.sh",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=0, num_hidden_layers=8)
+
+
+def _speculators(*args: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [str(PYTHON), str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _inputs(target, head, tmp_path: Path) -> tuple[torch.Tensor, torch.Tensor, Path]:
+    """The target's real features for a random sequence, lagged one row (row t: position t - 1),
+    as both sides read them, saved for the speculators side."""
+    input_ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(3))
+    features, _, _ = Target(target, head.target_feature_layers).forward(input_ids)
+    hidden = lag(features)
+    path = tmp_path / "inputs.safetensors"
+    save_file({"hidden_states": hidden.contiguous(), "input_ids": input_ids}, str(path))
+    return hidden, input_ids, path
+
+
+def _our_logits(head, hidden, input_ids) -> torch.Tensor:
+    """The first draft step over every row: (1, T, V_d)."""
+    rows = input_ids.shape[1]
+    with torch.no_grad():
+        out = head.step(head.fuse(hidden), input_ids, torch.arange(rows), causal_mask(rows))
+        return head.logits(out)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 64])
+def test_speculators_loads_our_export_and_drafts_the_same(draft_vocab_size, target, tmp_path):
+    head = build_head("eagle3", target, {"draft_vocab_size": draft_vocab_size})
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    if draft_vocab_size:
+        counts = torch.rand(256, generator=gen)
+        head.set_draft_vocab(*build_draft_vocab(counts, draft_vocab_size))
+    export_head(head, target, tmp_path / "spec", "speculators", verifier="tiny")
+    hidden, input_ids, inputs = _inputs(target, head, tmp_path)
+    _speculators("logits", str(tmp_path / "spec"), str(inputs), str(tmp_path / "theirs.st"))
+    theirs = load_file(str(tmp_path / "theirs.st"))["logits"]
+    ours = _our_logits(head, hidden, input_ids)
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_a_head_saved_by_speculators_imports_and_drafts_the_same(target, tmp_path):
+    target.save_pretrained(tmp_path / "verifier")
+    _speculators("make", str(tmp_path / "verifier"), str(tmp_path / "made"), "2,4,5", "64")
+    head = import_head(tmp_path / "made", target)
+    assert head.target_feature_layers == (2, 4, 5)
+    hidden, input_ids, inputs = _inputs(target, head, tmp_path)
+    _speculators("logits", str(tmp_path / "made"), str(inputs), str(tmp_path / "theirs.st"))
+    theirs = load_file(str(tmp_path / "theirs.st"))["logits"]
+    torch.testing.assert_close(_our_logits(head, hidden, input_ids), theirs, rtol=1e-4, atol=1e-4)
