@@ -257,3 +257,10 @@ def test_export_and_import_commands(target, byte_tokenizer, tmp_path):
     assert torch.equal(
         back.propose(3, SamplingParams()).tokens, want.propose(3, SamplingParams()).tokens
     )
+
+
+def test_calibrating_a_published_folder_asks_to_import_it_first(target, tmp_path, capsys):
+    export_head(_head("eagle3", target), target, tmp_path / "o", "sglang", verifier="t")
+    with pytest.raises(SystemExit):
+        run_command("calibrate", [str(tmp_path / "o"), "--target", "t", "--data", "stdlib"])
+    assert "import it first (draftsmith import" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import torch
 from datasets import Dataset
 
 from draftsmith.artifact import load_head, read_artifact_config
+from draftsmith.artifact.engines import foreign_layout
 from draftsmith.calibration import calibrator_class
 from draftsmith.calibration.collect import collect_from_decoding, collect_teacher_forced
 from draftsmith.calibration.pipeline import CalibrateConfig, calibrate_records, prompts_from_texts
@@ -43,6 +44,13 @@ class CalibrateCommand(CalibrateConfig):
 
     def run(self) -> dict:
         config = as_config(self, CalibrateConfig)
+        layout = foreign_layout(self.artifact)
+        if layout is not None:
+            raise ValueError(
+                f"{self.artifact} holds a head in the {layout} layout; calibration writes into a "
+                f"draftsmith artifact: import it first (draftsmith import {self.artifact} "
+                "--target NAME --out ARTIFACT), then calibrate ARTIFACT"
+            )
         read_artifact_config(self.artifact)  # a broken artifact fails before any model loads
         # Greedy calibration still reads the signals of the softmax at temperature 1.
         temperature = self.temperature if self.temperature > 0 else 1.0
