@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from datasets import Dataset, Features, List, Value
+from datasets import Dataset, Features, List, Value, concatenate_datasets
 from tqdm.auto import tqdm
 
 from draftsmith.data.corpora import SourceError, load_source
@@ -88,9 +88,10 @@ class ChatTemplateError(ValueError):
 class DataConfig:
     """What to read, which split, and how to cut it into training rows."""
 
-    source: str
+    source: str | list[str]
     """``stdlib``, ``chitchat``, a local .jsonl/.json/.parquet/text file or folder, or a Hugging
-    Face dataset name (needs the hub)."""
+    Face dataset name (needs the hub); a list of them: their documents together (a mixture, e.g.
+    code and chat continuations, each file's size setting its share)."""
     split: Split = "train"
     """``train`` or ``heldout`` (calibration and evaluation)."""
     seq_len: int = 2048
@@ -164,13 +165,20 @@ def load_documents(config: DataConfig) -> Dataset:
     Raises:
         SourceError: the source is missing or unreachable, or the split holds no document.
     """
-    documents = load_source(
-        config.source,
-        include_tests=config.include_tests,
-        text_sample_by=config.text_sample_by,
-        hub_config=config.hub_config,
-        hub_split=config.hub_split,
-    )
+    sources = [config.source] if isinstance(config.source, str) else list(config.source)
+    if not sources:
+        raise SourceError("data source is an empty list: name at least one source")
+    parts = [
+        load_source(
+            source,
+            include_tests=config.include_tests,
+            text_sample_by=config.text_sample_by,
+            hub_config=config.hub_config,
+            hub_split=config.hub_split,
+        )
+        for source in sources
+    ]
+    documents = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     if len(documents) == 0:
         raise SourceError(
             f"data source {config.source!r} holds no documents: check that its files are not "

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerFast
 
 from draftsmith.commands.data import PrepareDataCommand
 from draftsmith.commands.flags import from_flags, parser_for
+from draftsmith.core.config import config_from_dict
 from draftsmith.data import corpora
 from draftsmith.data.documents import (
     METADATA_FILE,
@@ -281,6 +282,33 @@ def test_empty_and_missing_sources_are_clear_errors(tmp_path):
     one = write_jsonl(tmp_path / "one.jsonl", [{"id": "a", "text": "x"}])
     with pytest.raises(SourceError, match="none in split 'heldout'"):
         load_documents(DataConfig(source=str(one), split="heldout", heldout_fraction=0.0))
+
+
+def test_a_list_of_sources_mixes_their_documents(tmp_path, tok):
+    """Code continuations and chat records (different columns) train together."""
+    code = write_jsonl(
+        tmp_path / "code.jsonl", [{"id": "m.py#0", "prompt": "def f", "completion": "(): pass"}]
+    )
+    chat = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [
+            {
+                "id": "c/1",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                ],
+            }
+        ],
+    )
+    config = config_from_dict(
+        DataConfig, {"source": [str(code), str(chat)], "heldout_fraction": 0.0, "seq_len": 8}
+    )
+    documents = load_documents(config)
+    assert sorted(documents["id"]) == ["c/1", "m.py#0"]
+    assert len(build_dataset(config, tok)) >= 1
+    with pytest.raises(SourceError, match="empty list"):
+        load_documents(DataConfig(source=[]))
 
 
 def test_chat_without_assistant_turns_has_nothing_to_train_on(tmp_path, tok):
