@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, PretrainedConfig
 
 
@@ -180,3 +182,10 @@ def read_safetensors(folder: Path, names: tuple[str, ...]) -> dict[str, torch.Te
         except (SafetensorError, OSError) as error:
             raise ValueError(f"{file} is corrupt or truncated ({error})") from error
     return tensors
+
+
+def write_checkpoint(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """config.json and model.safetensors, as the engines load them, into folder out."""
+    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

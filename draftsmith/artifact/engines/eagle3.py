@@ -8,12 +8,10 @@ translates the draft vocabulary and feature-layer numbering (`conventions`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from draftsmith.artifact.engines.conventions import (
@@ -27,6 +25,7 @@ from draftsmith.artifact.engines.conventions import (
     llama_layer_config,
     t2d_index,
     t2d_mask,
+    write_checkpoint,
 )
 from draftsmith.heads.eagle3 import Eagle3DecoderLayer
 from draftsmith.heads.trainable import DraftHead
@@ -100,7 +99,7 @@ def write_speculators(
     tensors["embed_tokens.weight"] = target.get_input_embeddings().weight
     if head.draft_vocab_size is not None:  # speculators has no maps for a full vocabulary
         tensors["d2t"], tensors["t2d"] = d2t_offsets(head.d2t), t2d_mask(head.d2t, vocab)
-    _write(out, config, tensors)
+    write_checkpoint(out, config, tensors)
 
 
 def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path, *, draft_tokens: int) -> None:
@@ -125,7 +124,7 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path, *, draft_t
     missing = sorted(set(SGLANG_REQUIRED) - set(tensors))
     if missing:
         raise ValueError(f"the SGLang export lacks tensors its loader needs: {missing}")
-    _write(out, config, tensors)
+    write_checkpoint(out, config, tensors)
 
 
 def _exportable(head: DraftHead, target: PreTrainedModel):
@@ -166,12 +165,6 @@ def _renamed(head: DraftHead, layer_prefix: str) -> dict[str, torch.Tensor]:
             name = layer_prefix + name.removeprefix("midlayer.")
         tensors[name] = tensor
     return tensors
-
-
-def _write(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 # -- reading ------------------------------------------------------------------------------------

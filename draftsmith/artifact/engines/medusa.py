@@ -15,15 +15,13 @@ i is draftsmith's block i + 1.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from draftsmith.artifact.engines.conventions import t2d_index
+from draftsmith.artifact.engines.conventions import t2d_index, write_checkpoint
 from draftsmith.heads.trainable import DraftHead
 
 
@@ -57,9 +55,7 @@ def write_vllm_medusa(
         "num_hidden_layers": 1,
         "medusa_fc_bias": True,
     }
-    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_checkpoint(out, config, tensors)
 
 
 def read_vllm_medusa(
