@@ -264,3 +264,14 @@ def test_calibrating_a_published_folder_asks_to_import_it_first(target, tmp_path
     with pytest.raises(SystemExit):
         run_command("calibrate", [str(tmp_path / "o"), "--target", "t", "--data", "stdlib"])
     assert "import it first (draftsmith import" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "sglang"])
+def test_a_qwen2_targets_head_exports_as_the_engines_llama_layer(fmt, tmp_path):
+    """The published layer has no q/k/v bias, so a Qwen2 target's EAGLE-3 layer (built from
+    Qwen2's classes) is the engines' Llama layer and round-trips."""
+    qwen2 = tiny_model("qwen2", seed=0, num_hidden_layers=LAYERS)
+    head = _head("eagle3", qwen2)
+    export_head(head, qwen2, tmp_path / "out", fmt, verifier="t")
+    imported = import_head(tmp_path / "out", qwen2)
+    assert torch.equal(_drafts(imported, qwen2).tokens, _drafts(head, qwen2).tokens)
