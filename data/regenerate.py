@@ -69,6 +69,9 @@ class RegenerateConfig:
     """`continue_texts`: prompt length, in whole lines of at least this many tokens."""
     prompts_per_document: int = 4
     """`continue_texts`: windows cut from each document (fewer from short ones)."""
+    max_turns: int | None = None
+    """`regenerate` (chat): keep each conversation up to its first this many assistant answers,
+    dropping the rest (a batch runs as long as its longest conversation); None: every turn."""
 
 
 def completed_ids(path: str | Path) -> set[str]:
@@ -230,6 +233,12 @@ def _answer(
     conversations = [[dict(m) for m in record["messages"]] for record in batch]
     # An opening assistant turn answers nothing: it is kept as it is.
     turns = [[i for i, m in enumerate(c) if m["role"] == "assistant" and i] for c in conversations]
+    if config.max_turns is not None:
+        turns = [positions[: config.max_turns] for positions in turns]
+        conversations = [
+            c[: positions[-1] + 1] if positions else c
+            for c, positions in zip(conversations, turns, strict=True)
+        ]
     for k in range(max(map(len, turns), default=0)):
         slots = [(c, positions[k]) for c, positions in enumerate(turns) if k < len(positions)]
         prompts = [

@@ -447,6 +447,19 @@ def one_thread():
 
 
 @pytest.mark.usefixtures("one_thread")
+def test_regenerate_keeps_the_first_max_turns_answers(tmp_path, tok):
+    model = tiny_model("qwen2", seed=5, vocab_size=len(tok))
+    records = [{"id": "c", "messages": CONVERSATION + CONVERSATION[2:4]}]  # 3 assistant turns
+    config = RegenerateConfig(max_new_tokens=4, batch_size=1)
+    regenerate(records, model, tok, tmp_path / "all.jsonl", config)
+    regenerate(records, model, tok, tmp_path / "one.jsonl", replace(config, max_turns=1))
+    full = json.loads((tmp_path / "all.jsonl").read_text())["messages"]
+    cut = json.loads((tmp_path / "one.jsonl").read_text())["messages"]
+    assert [m["role"] for m in full].count("assistant") == 3
+    assert cut == full[:3]  # system, user, the first answer (the same text), nothing after
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_regenerate_resumes_without_duplicates(tmp_path, tok):
     model = tiny_model("qwen2", seed=5, vocab_size=len(tok))
     records = [
