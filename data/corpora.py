@@ -15,6 +15,9 @@ Sources (see `load_source`):
   ``site-packages`` is skipped; test modules (see `is_stdlib_test`) only on request.
 - ``chitchat``: the 7,168 human conversations of the PyPI package ``chitchat-dataset==0.9.0``,
   fetched once with pip into ``$DRAFTSMITH_HOME/data/`` (see `chitchat_path`).
+- ``chitchat-transcripts``: the same conversations as plain-text ``A: ... / B: ...``
+  transcripts (`chitchat_transcript`), the form the bundled benchmark's chat prompts take, for
+  continuing as text rather than answering through a chat template.
 - a local ``.jsonl`` / ``.json`` / ``.parquet`` file, a text file (any other suffix), or a
   folder of such files.
 - anything else is passed to `datasets.load_dataset` as a Hugging Face hub name.
@@ -52,6 +55,7 @@ __all__ = [
     "chitchat_conversations",
     "chitchat_path",
     "chitchat_records",
+    "chitchat_transcript",
     "is_stdlib_test",
     "load_source",
     "stdlib_files",
@@ -68,7 +72,7 @@ DOCUMENT_FEATURES = Features(
 )
 """The schema every source is normalized to."""
 
-OFFLINE_SOURCES = ("stdlib", "chitchat")
+OFFLINE_SOURCES = ("stdlib", "chitchat", "chitchat-transcripts")
 """Source names that need no hub (chitchat needs PyPI once)."""
 
 CHITCHAT_REQUIREMENT = "chitchat-dataset==0.9.0"
@@ -108,6 +112,12 @@ def load_source(
         return _stdlib_dataset(include_tests)
     if source == "chitchat":
         return Dataset.from_list(list(chitchat_records()), features=DOCUMENT_FEATURES)
+    if source == "chitchat-transcripts":
+        records = [
+            {"id": cid, "text": chitchat_transcript(turns), "prompt": None, "messages": None}
+            for cid, turns in chitchat_conversations()
+        ]
+        return Dataset.from_list(records, features=DOCUMENT_FEATURES)
     path = Path(source).expanduser()
     if path.exists():
         return _normalize(_load_local(path, text_sample_by), source)
@@ -263,6 +273,12 @@ def chitchat_conversations(path: str | Path | None = None) -> Iterator[tuple[str
                 else:
                     turns.append((utterance["sender"], [text]))
         yield conversation_id, ["\n".join(lines) for _, lines in turns]
+
+
+def chitchat_transcript(turns: list[str]) -> str:
+    """A conversation as a plain-text transcript: one line per turn, speakers ``A:`` and ``B:``
+    alternating (a turn's own line breaks become spaces)."""
+    return "\n".join(f"{'AB'[i % 2]}: " + turn.replace("\n", " ") for i, turn in enumerate(turns))
 
 
 def chitchat_records(path: str | Path | None = None) -> Iterator[dict[str, Any]]:

@@ -39,6 +39,7 @@ from transformers import AutoTokenizer
 from draftsmith.core.zoo import fetch_model
 from draftsmith.data.corpora import (
     chitchat_conversations,
+    chitchat_transcript,
     read_python_source,
     stdlib_files,
     stdlib_root,
@@ -146,7 +147,7 @@ def chat_candidates(n_tokens: TokenCounter) -> Iterator[tuple[str, str]]:
         if document_split(cid, HELDOUT_FRACTION) == "heldout" and len(turns) >= 4
     }
     for name, turns in stable_order(list(conversations.items())):
-        said = [f"{'AB'[i % 2]}: " + turn.replace("\n", " ") for i, turn in enumerate(turns)]
+        said = chitchat_transcript(turns).split("\n")
         # End on the next speaker's cue, leaving at least one real answer unwritten.
         for end in range(len(turns) - 1, 1, -1):
             prompt = "\n".join(said[:end]) + f"\n{'AB'[end % 2]}:"

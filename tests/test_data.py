@@ -382,6 +382,26 @@ def test_chitchat_conversations_become_alternating_chat_records(tmp_path):
     ]
 
 
+def test_chitchat_transcripts_are_text_documents_as_the_bench_writes_chat(tmp_path, monkeypatch):
+    data = {
+        "conv-a": {
+            "messages": [
+                [{"text": "Hi\nthere", "sender": "A", "timestamp": "t"}],
+                [{"text": "hello", "sender": "B", "timestamp": "t"}],
+                [{"text": "bye", "sender": "A", "timestamp": "t"}],
+            ]
+        }
+    }
+    cached = tmp_path / "data" / "chitchat-dataset-0.9.0" / "dataset.json"
+    cached.parent.mkdir(parents=True)
+    cached.write_text(json.dumps(data))
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    documents = corpora.load_source("chitchat-transcripts")
+    assert documents["id"] == ["conv-a"]
+    assert documents[0]["text"] == "A: Hi there\nB: hello\nA: bye"
+    assert documents[0]["messages"] is None
+
+
 def test_chitchat_cache_is_used_without_pip(tmp_path, monkeypatch):
     cached = tmp_path / "data" / "chitchat-dataset-0.9.0" / "dataset.json"
     cached.parent.mkdir(parents=True)
