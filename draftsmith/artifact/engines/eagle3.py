@@ -111,8 +111,13 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path, *, draft_t
     vocab = text.vocab_size
     d2t = head.d2t if head.draft_vocab_size is not None else torch.arange(vocab)
     config = {
-        **llama_layer_config(target.config).to_diff_dict(),
+        # Every field spelled out: SGLang's defaults are not necessarily transformers'.
+        **llama_layer_config(target.config).to_dict(),
         "architectures": ["LlamaForCausalLMEagle3"],
+        # Both spellings of the weights' precision and of the rotary base: transformers 5 and 4.
+        "dtype": str(head.fc.weight.dtype).removeprefix("torch."),
+        "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
+        "rope_theta": text.rope_parameters["rope_theta"],
         # Always set: SGLang takes a missing draft_vocab_size to mean "use the target's LM head".
         "draft_vocab_size": int(d2t.numel()),
         "target_hidden_size": text.hidden_size,
