@@ -117,7 +117,7 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path, *, draft_t
         # Both spellings of the weights' precision and of the rotary base: transformers 5 and 4.
         "dtype": str(head.fc.weight.dtype).removeprefix("torch."),
         "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
-        "rope_theta": text.rope_parameters["rope_theta"],
+        "rope_theta": (getattr(text, "rope_parameters", None) or {}).get("rope_theta"),
         # Always set: SGLang takes a missing draft_vocab_size to mean "use the target's LM head".
         "draft_vocab_size": int(d2t.numel()),
         "target_hidden_size": text.hidden_size,
