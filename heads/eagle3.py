@@ -48,6 +48,11 @@ class Eagle3Config(DraftVocabConfig, StepsConfig):
     feature_layers: list[int] | None = None
     """Indices into the target's hidden_states (0 = embeddings) whose features are fused;
     None: EAGLE-3's low, middle and high layers (2, N // 2, N - 3)."""
+    norm_before_fc: bool = False
+    """RMS-normalise the concatenated features before `fc` (weight `input_norm`), the variant
+    speculators, SGLang and recent vLLM load as `norm_before_fc`. Targets with massive
+    activations (SmolLM2's layers 15 and 27 reach 27,000) otherwise flood the residual stream,
+    which starts at the raw fused features."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,14 +140,19 @@ class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
         self.config = replace(config, feature_layers=list(self.target_feature_layers))
         self.num_steps, self.hidden_size = config.num_steps, hidden
         with seeded(config.seed):
-            self.fc = nn.Linear(len(self.target_feature_layers) * hidden, hidden, bias=False)
+            width = len(self.target_feature_layers) * hidden
+            self.input_norm = rms_norm(text, width) if config.norm_before_fc else None
+            self.fc = nn.Linear(width, hidden, bias=False)
             self.midlayer = Eagle3DecoderLayer(text)
             self.norm = rms_norm(text)
             self.lm_head = nn.Linear(hidden, config.draft_vocab_size or vocab, bias=False)
         self._target = None
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        return self.fc(features.to(self.fc.weight))
+        features = features.to(self.fc.weight)
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        return self.fc(features)
 
     def run_layer(self, hidden, embeds, positions, mask, cache=None) -> torch.Tensor:
         return self.midlayer(hidden, embeds, positions, mask, cache)

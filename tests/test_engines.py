@@ -58,6 +58,8 @@ CASES = [
     ("eagle3", {"draft_vocab_size": 64}, "speculators"),
     ("eagle3", {}, "sglang"),
     ("eagle3", {"draft_vocab_size": 64}, "sglang"),
+    ("eagle3", {"norm_before_fc": True}, "speculators"),
+    ("eagle3", {"norm_before_fc": True, "draft_vocab_size": 64}, "sglang"),
     ("medusa", {"num_steps": 4}, "vllm-medusa"),
     ("medusa", {"num_steps": 3, "draft_vocab_size": 64}, "vllm-medusa"),
 ]

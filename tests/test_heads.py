@@ -161,6 +161,17 @@ def test_eagle3_has_the_published_layout(llama):
     }
 
 
+def test_eagle3_norm_before_fc_bounds_massive_features(llama):
+    """norm_before_fc: the fused feature no longer scales with the target's feature size."""
+    plain = build_kind("eagle3", llama, {"feature_layers": [0, 1, 2]})
+    normed = build_kind("eagle3", llama, {"feature_layers": [0, 1, 2], "norm_before_fc": True})
+    assert tuple(normed.input_norm.weight.shape) == (3 * 64,)
+    features = torch.randn(1, 4, 3 * 64)
+    with torch.no_grad():
+        torch.testing.assert_close(normed.fuse(1000 * features), normed.fuse(features))
+        assert plain.fuse(1000 * features).abs().mean() > 100 * plain.fuse(features).abs().mean()
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 

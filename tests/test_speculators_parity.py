@@ -68,9 +68,14 @@ def _our_logits(head, hidden, input_ids) -> torch.Tensor:
         return head.logits(out)
 
 
-@pytest.mark.parametrize("draft_vocab_size", [None, 64])
-def test_speculators_loads_our_export_and_drafts_the_same(draft_vocab_size, target, tmp_path):
-    head = build_head("eagle3", target, {"draft_vocab_size": draft_vocab_size})
+@pytest.mark.parametrize(
+    ("draft_vocab_size", "norm_before_fc"), [(None, False), (64, False), (64, True)]
+)
+def test_speculators_loads_our_export_and_drafts_the_same(
+    draft_vocab_size, norm_before_fc, target, tmp_path
+):
+    args = {"draft_vocab_size": draft_vocab_size, "norm_before_fc": norm_before_fc}
+    head = build_head("eagle3", target, args)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in head.parameters():

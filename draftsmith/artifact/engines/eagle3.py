@@ -73,7 +73,7 @@ def write_speculators(
         "target_hidden_size": text.hidden_size,
         # vLLM assumes true when it is absent; draftsmith's layer keeps the raw residual.
         "norm_before_residual": False,
-        "norm_before_fc": False,
+        "norm_before_fc": head.input_norm is not None,
         "fc_norm": False,
         "norm_output": False,
         "embed_requires_grad": False,
@@ -122,7 +122,12 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path, *, draft_t
         "draft_vocab_size": int(d2t.numel()),
         "target_hidden_size": text.hidden_size,
         # SGLang numbering: id k is the OUTPUT of target layer k (hidden_states[k + 1]).
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "norm_before_fc": head.input_norm is not None,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": ids,
+            "use_aux_hidden_state": True,
+            "norm_before_fc": head.input_norm is not None,
+        },
     }
     tensors = _renamed(head, "midlayer.")
     tensors["d2t"], tensors["t2d"] = d2t_offsets(d2t), t2d_mask(d2t, vocab)
@@ -184,7 +189,7 @@ def read_speculators(
             f"{where}: speculators_model_type {config.get('speculators_model_type')!r}; "
             "draftsmith imports eagle3 speculators"
         )
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+    for flag in ("fc_norm", "norm_output"):
         if config.get(flag):
             raise ValueError(
                 f"{where}: {flag}: true is an EAGLE-3 variant draftsmith's layer does not compute"
@@ -210,7 +215,8 @@ def read_speculators(
         ("midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name): t
         for name, t in tensors.items()
     }
-    return _draftsmith_head(config, renamed, feature_layers, target, where)
+    norm_before_fc = bool(config.get("norm_before_fc"))
+    return _draftsmith_head(config, renamed, feature_layers, norm_before_fc, target, where)
 
 
 def read_eagle(
@@ -228,7 +234,14 @@ def read_eagle(
         if ids
         else default_engine_feature_layers(layers)
     )
-    return _draftsmith_head(config, tensors, feature_layers, target, where)
+    eagle_config = config.get("eagle_config") or {}
+    norm_before_fc = bool(config.get("norm_before_fc") or eagle_config.get("norm_before_fc"))
+    for flag in ("fc_norm", "use_aux_norm", "norm_output"):
+        if config.get(flag) or eagle_config.get(flag):
+            raise ValueError(
+                f"{where}: {flag}: true is an EAGLE-3 variant draftsmith's layer does not compute"
+            )
+    return _draftsmith_head(config, tensors, feature_layers, norm_before_fc, target, where)
 
 
 def _check_one_layer(layer_config: dict, tensors: dict[str, torch.Tensor], where: Path) -> None:
@@ -245,6 +258,7 @@ def _draftsmith_head(
     config: dict[str, Any],
     tensors: dict[str, torch.Tensor],
     feature_layers: list[int],
+    norm_before_fc: bool,
     target: PreTrainedModel,
     where: Path,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -266,6 +280,8 @@ def _draftsmith_head(
     draft_size = config.get("draft_vocab_size") or (None if lm_head is None else lm_head.shape[0])
     offsets, mask = tensors.pop("d2t", None), tensors.pop("t2d", None)
     head_config: dict[str, Any] = {"feature_layers": feature_layers}
+    if norm_before_fc:
+        head_config["norm_before_fc"] = True
     if draft_size is not None and draft_size != vocab:
         if offsets is None:
             raise ValueError(
