@@ -3,7 +3,8 @@
 # modules (train modules to train on, held-out ones to evaluate and calibrate on: data in the
 # target's own words), train an EAGLE-3 head, export it to runs/quickstart/drafter, calibrate
 # its confidence on the held-out continuations, and benchmark it against plain generation on the
-# bundled prompts. About 28 minutes on a 2-core CPU. Rerunning it reuses the continuations.
+# bundled prompts. About 28 minutes on a 2-core CPU with bf16 units (AMX), in bfloat16; a CPU
+# without them runs it in float32 (longer). Rerunning it reuses the continuations.
 #
 #   bash scripts/quickstart.sh [key=value ...]     (recipe overrides, e.g. max_steps=60)
 set -euo pipefail
@@ -12,17 +13,23 @@ out=runs/quickstart
 train=runs/data/smollm2-135m/stdlib-train-continued.jsonl
 heldout=runs/data/smollm2-135m/stdlib-heldout-continued.jsonl
 
+# bfloat16 only pays on a CPU with bf16 matrix units (AMX, AVX512-BF16); elsewhere it is several
+# times slower than float32.
+dtype=float32 precision=no
+if grep -qE 'amx_bf16|avx512_bf16' /proc/cpuinfo 2>/dev/null; then dtype=bfloat16 precision=bf16; fi
+echo "target precision: $dtype"
+
 draftsmith fetch-model smollm2-135m
-draftsmith regenerate --target smollm2-135m --source stdlib --split train --dtype bfloat16 \
+draftsmith regenerate --target smollm2-135m --source stdlib --split train --dtype "$dtype" \
     --max-new-tokens 128 --batch-size 64 --max-records 1024 --prompts-per-document 4 \
     --out "$train"
-draftsmith regenerate --target smollm2-135m --source stdlib --split heldout --dtype bfloat16 \
+draftsmith regenerate --target smollm2-135m --source stdlib --split heldout --dtype "$dtype" \
     --max-new-tokens 128 --batch-size 64 --max-records 512 --prompts-per-document 8 \
     --out "$heldout"
 accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
     recipes/smollm2-135m/eagle3.yaml output_dir="$out" data.source="$train" \
-    eval_data.source="$heldout" "$@"
-draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout" --dtype bfloat16
-draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" --dtype bfloat16 \
+    eval_data.source="$heldout" target_dtype="$dtype" mixed_precision="$precision" "$@"
+draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout" --dtype "$dtype"
+draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" --dtype "$dtype" \
     --draft-tokens 4 --json "$out/bench.json"
 echo "artifact: $out/drafter (calibration report: $out/drafter/calibration/report.md)"
