@@ -49,10 +49,8 @@ class Eagle3Config(DraftVocabConfig, StepsConfig):
     """Indices into the target's hidden_states (0 = embeddings) whose features are fused;
     None: EAGLE-3's low, middle and high layers (2, N // 2, N - 3)."""
     norm_before_fc: bool = False
-    """RMS-normalise the concatenated features before `fc` (weight `input_norm`), the variant
-    speculators, SGLang and recent vLLM load as `norm_before_fc`. Targets with massive
-    activations (SmolLM2's layers 15 and 27 reach 27,000) otherwise flood the residual stream,
-    which starts at the raw fused features."""
+    """RMS-normalise the concatenated features before `fc` (weight `input_norm`): the variant
+    speculators, SGLang and recent vLLM load as `norm_before_fc`."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
