@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 
@@ -46,10 +47,10 @@ def main() -> None:
         seq_len=args.seq_len,
         max_tokens=args.max_tokens,
     )
-    table = build_dataset(data, tokenizer).with_format("torch")
-    rows = OnlineFeatures(
-        target, head.target_feature_layers, table["input_ids"], table["loss_mask"]
-    )
+    table = build_dataset(data, tokenizer).with_format("numpy")
+    input_ids = torch.from_numpy(np.asarray(table["input_ids"], dtype=np.int64))
+    loss_mask = torch.from_numpy(np.asarray(table["loss_mask"], dtype=np.int8))
+    rows = OnlineFeatures(target, head.target_feature_layers, input_ids, loss_mask)
     scored = HeadObjective(head, ObjectiveConfig()).eval()
     totals = Totals()
     with torch.no_grad():
