@@ -356,3 +356,16 @@ def test_train_script_gives_one_line_errors(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip() == f"scripts/train.py: error: recipe {missing} does not exist"
+
+
+def test_a_field_of_one_value_or_several_takes_either():
+    """DataConfig.source is `str | list[str]`: one --source stays a string, several a list."""
+    from draftsmith.commands.data import PrepareDataCommand
+
+    parser = parser_for(PrepareDataCommand, "prepare-data")
+    one = from_flags(
+        PrepareDataCommand, parser.parse_args(["--target", "t", "--out", "o", "--source", "a"])
+    )
+    assert one.source == "a"
+    many = parser.parse_args(["--target", "t", "--out", "o", "--source", "a.jsonl", "b.jsonl"])
+    assert from_flags(PrepareDataCommand, many).source == ["a.jsonl", "b.jsonl"]

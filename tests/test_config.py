@@ -119,6 +119,7 @@ def test_saved_config_loads_back_equal(tmp_path):
         "num_steps": 3,
         "draft_vocab_size": None,
         "feature_layers": None,
+        "norm_before_fc": False,
     }
 
 

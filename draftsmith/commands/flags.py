@@ -78,8 +78,7 @@ def from_flags(cls: type[Config], args: argparse.Namespace) -> Config:
     for f in dataclasses.fields(cls):
         if f.init:
             value = getattr(args, f.name)
-            # argparse collects nargs values in a list; tuple fields want a tuple.
-            values[f.name] = _bare(hints[f.name])(value) if isinstance(value, list) else value
+            values[f.name] = _from_list(hints[f.name], value) if isinstance(value, list) else value
     return cls(**values)
 
 
@@ -101,6 +100,8 @@ def _type_kwargs(hint: Any, name: str) -> dict[str, Any]:
         return {**_type_kwargs(args[0], name), "nargs": "+"}
     if hint in (int, float, str, Path):
         return {"type": hint}
+    if _one_or_many(hint) is not None:  # X | list[X]: one value or several
+        return {**_type_kwargs(_one_or_many(hint), name), "nargs": "+"}
     raise TypeError(f"field {name!r}: no command-line flag for type {hint!r}")
 
 
@@ -113,8 +114,23 @@ def _without_none(hint: Any) -> Any:
     return hint
 
 
-def _bare(hint: Any) -> type:
-    return typing.get_origin(_without_none(hint)) or list
+def _one_or_many(hint: Any) -> Any:
+    """``X`` of ``X | list[X]``, else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 2:
+        scalar, many = args
+        if typing.get_origin(many) is list and typing.get_args(many) == (scalar,):
+            return scalar
+    return None
+
+
+def _from_list(hint: Any, values: list) -> Any:
+    """argparse's list of nargs values as the field wants them: a tuple for a tuple field, the
+    one value itself for an ``X | list[X]`` field given one."""
+    hint = _without_none(hint)
+    if _one_or_many(hint) is not None:
+        return values[0] if len(values) == 1 else values
+    return (typing.get_origin(hint) or list)(values)
 
 
 def _default(f: dataclasses.Field) -> Any:
