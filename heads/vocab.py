@@ -26,9 +26,14 @@ def build_draft_vocab(token_counts: torch.Tensor, size: int) -> tuple[torch.Tens
         raise ValueError(f"draft vocabulary size must be in 1 .. {vocab}, got {size}")
     kept = torch.sort(counts.double(), descending=True, stable=True).indices[:size]
     d2t = kept.sort().values.long()
-    t2d = torch.full((vocab,), -1, dtype=torch.long)
-    t2d[d2t] = torch.arange(size)
-    return d2t, t2d
+    return d2t, target_to_draft(d2t, vocab)
+
+
+def target_to_draft(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """t2d (V,) int64 from d2t (V_d,): the draft id of each target id, -1 outside."""
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2d[d2t.long()] = torch.arange(d2t.numel())
+    return t2d
 
 
 @dataclass(kw_only=True)
@@ -62,9 +67,7 @@ class DraftVocabulary:
             return
         # A placeholder until set_draft_vocab: the first draft_vocab_size target ids.
         self.register_buffer("d2t", torch.arange(draft_vocab_size))
-        t2d = torch.full((vocab_size,), -1, dtype=torch.long)
-        t2d[:draft_vocab_size] = torch.arange(draft_vocab_size)
-        self.register_buffer("t2d", t2d)
+        self.register_buffer("t2d", target_to_draft(self.d2t, vocab_size))
 
     def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         """Install a draft vocabulary from `build_draft_vocab`."""

@@ -54,8 +54,8 @@ def export_head(
     """Write `head` (bound to `target`) in engine format `fmt` at out_dir, in one rename.
 
     verifier: the target's name as the engine should load it (speculators writes it into the
-    config; vLLM serves the folder with that model as the target). draft_tokens: the number of
-    speculative tokens the config proposes.
+    config; vLLM serves the folder with that model as the target). draft_tokens (speculators
+    only): the number of speculative tokens the config proposes.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {list(EXPORT_FORMATS)}")
@@ -66,9 +66,9 @@ def export_head(
         if fmt == "speculators":
             write_speculators(head, target, tmp, verifier=verifier, draft_tokens=draft_tokens)
         elif fmt == "sglang":
-            write_sglang(head, target, tmp, draft_tokens=draft_tokens)
+            write_sglang(head, target, tmp)
         else:
-            write_vllm_medusa(head, target, tmp, draft_tokens=draft_tokens)
+            write_vllm_medusa(head, target, tmp)
     return out
 
 

@@ -40,13 +40,6 @@ def t2d_mask(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return mask
 
 
-def t2d_index(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """draftsmith's t2d (V,) from its d2t (V_d,): the draft id of each target id, -1 outside."""
-    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
-    t2d[d2t.long()] = torch.arange(d2t.numel())
-    return t2d
-
-
 def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, where: str):
     """A d2t (target ids, (V_d,)) must name distinct ascending ids inside the target vocabulary,
     and an engine's t2d mask (when given) must mark exactly those."""

@@ -23,12 +23,12 @@ from draftsmith.artifact.engines.conventions import (
     engine_layer_ids,
     feature_layers_from_engine,
     llama_layer_config,
-    t2d_index,
     t2d_mask,
     write_checkpoint,
 )
 from draftsmith.heads.eagle3 import Eagle3DecoderLayer
 from draftsmith.heads.trainable import DraftHead
+from draftsmith.heads.vocab import target_to_draft
 
 SPECULATORS_VERSION = "0.9.0"
 """The speculators release whose format the export writes (and the parity tests load)."""
@@ -102,10 +102,9 @@ def write_speculators(
     write_checkpoint(out, config, tensors)
 
 
-def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path, *, draft_tokens: int) -> None:
-    """Write head in SGLang's LlamaForCausalLMEagle3 format into out. draft_tokens is unused by
-    SGLang (its flags choose the draft) and kept for a uniform signature."""
-    del draft_tokens
+def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path) -> None:
+    """Write head in SGLang's LlamaForCausalLMEagle3 format into out (SGLang's launch flags,
+    not the config, choose how many tokens to draft)."""
     text, layers = _exportable(head, target)
     ids = engine_layer_ids(list(head.target_feature_layers), layers, "sglang")
     vocab = text.vocab_size
@@ -121,9 +120,9 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path, *, draft_t
         # Always set: SGLang takes a missing draft_vocab_size to mean "use the target's LM head".
         "draft_vocab_size": int(d2t.numel()),
         "target_hidden_size": text.hidden_size,
-        # SGLang numbering: id k is the OUTPUT of target layer k (hidden_states[k + 1]).
         "norm_before_fc": head.input_norm is not None,
         "eagle_config": {
+            # SGLang numbering: id k is the OUTPUT of target layer k (hidden_states[k + 1]).
             "eagle_aux_hidden_state_layer_ids": ids,
             "use_aux_hidden_state": True,
             "norm_before_fc": head.input_norm is not None,
@@ -228,13 +227,13 @@ def read_eagle(
     _check_one_layer(config, tensors, where)
     check_layer_config(config, target.config, where)
     layers = target.config.get_text_config().num_hidden_layers
-    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    eagle_config = config.get("eagle_config") or {}
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
     feature_layers = (
         feature_layers_from_engine(ids, layers, "sglang")
         if ids
         else default_engine_feature_layers(layers)
     )
-    eagle_config = config.get("eagle_config") or {}
     norm_before_fc = bool(config.get("norm_before_fc") or eagle_config.get("norm_before_fc"))
     for flag in ("fc_norm", "use_aux_norm", "norm_output"):
         if config.get(flag) or eagle_config.get(flag):
@@ -290,7 +289,7 @@ def _draftsmith_head(
             )
         d2t = d2t_from_offsets(offsets)
         check_draft_vocab(d2t, mask, vocab, str(where))
-        tensors["d2t"], tensors["t2d"] = d2t, t2d_index(d2t, vocab)
+        tensors["d2t"], tensors["t2d"] = d2t, target_to_draft(d2t, vocab)
         head_config["draft_vocab_size"] = int(draft_size)
     elif offsets is not None and not torch.equal(d2t_from_offsets(offsets), torch.arange(vocab)):
         raise ValueError(f"{where}: a full-vocabulary head whose d2t is not the identity")

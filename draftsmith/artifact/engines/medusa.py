@@ -21,15 +21,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from draftsmith.artifact.engines.conventions import t2d_index, write_checkpoint
+from draftsmith.artifact.engines.conventions import check_draft_vocab, write_checkpoint
 from draftsmith.heads.trainable import DraftHead
+from draftsmith.heads.vocab import target_to_draft
 
 
-def write_vllm_medusa(
-    head: DraftHead, target: PreTrainedModel, out: Path, *, draft_tokens: int
-) -> None:
-    """Write head in vLLM's Medusa format (config.json + model.safetensors) into out."""
-    del draft_tokens  # vLLM's flag --speculative-config num_speculative_tokens chooses it
+def write_vllm_medusa(head: DraftHead, target: PreTrainedModel, out: Path) -> None:
+    """Write head in vLLM's Medusa format (config.json + model.safetensors) into out (vLLM's
+    --speculative-config, not the config, chooses how many tokens to draft)."""
     if head.kind != "medusa":
         raise ValueError(f"vLLM's Medusa format holds Medusa heads, not {head.kind} heads")
     text = target.config.get_text_config()
@@ -120,10 +119,7 @@ def _draftsmith_medusa(
     vocab = target.config.get_text_config().vocab_size
     rows = target.get_output_embeddings().weight.detach().float().cpu()
     if token_map is not None:
-        if token_map.numel() > 1 and not bool((token_map[1:] > token_map[:-1]).all()):
-            raise ValueError(f"{where}: token_map does not name distinct ascending target ids")
-        if int(token_map.min()) < 0 or int(token_map.max()) >= vocab:
-            raise ValueError(f"{where}: token_map names ids outside the target's vocabulary")
+        check_draft_vocab(token_map, None, vocab, f"{where} (token_map)")
         rows = rows[token_map.long()]
     for i, lm_head in enumerate(lm_heads):
         if lm_head is not None and (
@@ -141,6 +137,6 @@ def _draftsmith_medusa(
     head_config: dict[str, Any] = {"num_steps": len(blocks) + 1}
     if token_map is not None and token_map.numel() != vocab:
         d2t = token_map.long()
-        tensors["d2t"], tensors["t2d"] = d2t, t2d_index(d2t, vocab)
+        tensors["d2t"], tensors["t2d"] = d2t, target_to_draft(d2t, vocab)
         head_config["draft_vocab_size"] = int(d2t.numel())
     return head_config, tensors
