@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from draftsmith.core.cache import cache_argument
+from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import (
     build_decoder_layer,
@@ -51,6 +52,13 @@ class Eagle3Config(DraftVocabConfig, StepsConfig):
     norm_before_fc: bool = False
     """RMS-normalise the concatenated features before `fc` (weight `input_norm`): the variant
     speculators, SGLang and recent vLLM load as `norm_before_fc`."""
+    standardize_fc_init: bool = True
+    """Initialise `fc` for standardised inputs: its weights on each feature channel are divided
+    by that channel's RMS over a sample of training rows, before training. Targets carry a few
+    massive activations, orders of magnitude above the other channels; from the default
+    initialisation they dominate the fused feature, which starts the layer's residual stream,
+    and the head learns more slowly. Only the initial weights change: the layout is the
+    published one."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,10 +155,19 @@ class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
         self._target = None
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(self._fc_inputs(features))
+
+    def _fc_inputs(self, features: torch.Tensor) -> torch.Tensor:
         features = features.to(self.fc.weight)
-        if self.input_norm is not None:
-            features = self.input_norm(features)
-        return self.fc(features)
+        return features if self.input_norm is None else self.input_norm(features)
+
+    @torch.no_grad()
+    def fit_to_sample(self, sample: TargetBatch) -> None:
+        """`standardize_fc_init`: scale fc's initial weights to the RMS of each channel fc reads
+        in the sample's features (B, T, F)."""
+        if self.config.standardize_fc_init:
+            inputs = self._fc_inputs(sample.features).float().flatten(0, -2)
+            self.fc.weight.div_(inputs.pow(2).mean(0).sqrt().clamp_min(1e-6).to(self.fc.weight))
 
     def run_layer(self, hidden, embeds, positions, mask, cache=None) -> torch.Tensor:
         return self.midlayer(hidden, embeds, positions, mask, cache)

@@ -91,6 +91,10 @@ class DraftHead(nn.Module, ABC):
     def as_drafter(self, target: PreTrainedModel) -> Drafter:
         """The inference-side `Drafter` running this head next to `target`."""
 
+    def fit_to_sample(self, sample: TargetBatch) -> None:
+        """Set what a kind fits from data once, before training (EAGLE-3's feature scale), from
+        a sample of the training rows with their target features. Default: nothing."""
+
     def auxiliary_loss(self) -> torch.Tensor | None:
         """A kind's own extra loss term from the latest `forward_train` (already weighted, e.g.
         EAGLE's feature regression), for the trainer to add to the objective; None: no term."""

@@ -172,6 +172,32 @@ def test_eagle3_norm_before_fc_bounds_massive_features(llama):
         assert plain.fuse(1000 * features).abs().mean() > 100 * plain.fuse(features).abs().mean()
 
 
+@pytest.mark.parametrize("norm_before_fc", [False, True])
+def test_eagle3_fc_init_is_standardised_on_a_sample(norm_before_fc, llama):
+    """Fitted on a sample with massive channels, fc's initial weights are the seeded ones divided
+    by each channel's RMS (of what fc reads), so no channel dominates the fused feature."""
+    args = {"feature_layers": [0, 1, 2], "norm_before_fc": norm_before_fc}
+    head, fresh = build_kind("eagle3", llama, args), build_kind("eagle3", llama, args)
+    features = torch.randn(2, 16, 3 * 64, generator=torch.Generator().manual_seed(0))
+    features[..., [3, 70]] *= 5000.0  # massive activations
+    sample = TargetBatch(
+        input_ids=torch.zeros(2, 16, dtype=torch.long),
+        loss_mask=torch.ones(2, 16, dtype=torch.bool),
+        features=features,
+        target_logits=torch.zeros(2, 16, 256),
+    )
+    with torch.no_grad():
+        head.fit_to_sample(sample)
+        inputs = head.input_norm(features) if norm_before_fc else features
+        rms = inputs.pow(2).mean((0, 1)).sqrt()
+        torch.testing.assert_close(head.fc.weight, fresh.fc.weight / rms)
+        if not norm_before_fc:  # the massive channels no longer dominate the fused feature
+            assert head.fuse(features).abs().max() < 0.01 * fresh.fuse(features).abs().max()
+    kept = build_kind("eagle3", llama, {**args, "standardize_fc_init": False})
+    kept.fit_to_sample(sample)
+    assert torch.equal(kept.fc.weight, fresh.fc.weight)
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 

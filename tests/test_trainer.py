@@ -27,11 +27,12 @@ from transformers import PreTrainedTokenizerFast
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads import DraftHead, build_head, drafter_class, fit_draft_vocab, register_drafter
 from draftsmith.heads.blocks import seeded
+from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.trainable import StepsConfig
 from draftsmith.train.checkpoint import latest_checkpoint
 from draftsmith.train.config import load_train_config as load_config
 from draftsmith.train.sampler import EpochSampler
-from draftsmith.train.trainer import Trainer, train
+from draftsmith.train.trainer import FIT_SAMPLE_ROWS, Trainer, train
 
 REPO = Path(__file__).resolve().parents[1]
 MODULES = ["json/decoder.py", "json/encoder.py", "textwrap.py", "colorsys.py", "shlex.py",
@@ -317,6 +318,21 @@ def test_every_real_head_kind_trains_and_exports(kind, tmp_path, corpus, target,
     assert len(result.metrics["top1"]) >= 1
     drafter = load_drafter(result.artifact, target)
     assert drafter.vocab_size == target.config.vocab_size
+
+
+def test_the_head_is_fitted_to_the_leading_training_rows_once(
+    tmp_path, corpus, target, tokenizer, monkeypatch
+):
+    samples = []
+    monkeypatch.setattr(Eagle3Head, "fit_to_sample", lambda head, sample: samples.append(sample))
+    raw = recipe(corpus, tmp_path / "run", head="eagle3", head_args={"num_steps": 1}, max_steps=3)
+    trainer = Trainer(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
+    (sample,) = samples
+    rows = min(FIT_SAMPLE_ROWS, len(trainer.train_source))
+    assert sample.features.shape[:2] == sample.input_ids.shape == (rows, raw["data"]["seq_len"])
+    first = trainer.train_source.batch(torch.arange(rows), "cpu")
+    assert torch.equal(sample.input_ids, first.input_ids)
+    torch.testing.assert_close(sample.features, first.features)
 
 
 def test_cli_prepares_data_and_trains_in_process(tmp_path, corpus, target, tokenizer, capsys):

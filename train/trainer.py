@@ -90,6 +90,10 @@ def train(
     return Trainer(config, target=target, tokenizer=tokenizer).fit()
 
 
+FIT_SAMPLE_ROWS = 8
+"""Training rows a head fits its data-dependent values on (`DraftHead.fit_to_sample`)."""
+
+
 class Trainer:
     """One run: builds everything from the config, then `fit()` trains, evaluates and exports."""
 
@@ -129,6 +133,9 @@ class Trainer:
         layers = tuple(head.target_feature_layers)
 
         self.train_source = self._train_source(*train_rows, layers)
+        # The same leading rows on every process, so each fits the same values.
+        sample = torch.arange(min(FIT_SAMPLE_ROWS, len(self.train_source)))
+        head.fit_to_sample(self.train_source.batch(sample, acc.device))
         eval_rows = _rows(build_dataset(self._eval_data(), tokenizer))
         self.eval_source = OnlineFeatures(self.target, layers, *eval_rows)
         self.sampler = EpochSampler(
