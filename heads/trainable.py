@@ -92,8 +92,9 @@ class DraftHead(nn.Module, ABC):
         """The inference-side `Drafter` running this head next to `target`."""
 
     def fit_to_sample(self, sample: TargetBatch) -> None:
-        """Set what a kind fits from data once, before training (EAGLE-3's feature scale), from
-        a sample of the training rows with their target features. Default: nothing."""
+        """Set what a kind fits to data once, before training (EAGLE-3's fc initialisation),
+        from a sample of the training rows with their target features (heads that read target
+        features only). Default: nothing."""
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """A kind's own extra loss term from the latest `forward_train` (already weighted, e.g.

@@ -133,9 +133,10 @@ class Trainer:
         layers = tuple(head.target_feature_layers)
 
         self.train_source = self._train_source(*train_rows, layers)
-        # The same leading rows on every process, so each fits the same values.
-        sample = torch.arange(min(FIT_SAMPLE_ROWS, len(self.train_source)))
-        head.fit_to_sample(self.train_source.batch(sample, acc.device))
+        if layers:  # heads reading no target features fit nothing to them
+            # The same leading rows on every process, so each fits the same values.
+            sample = torch.arange(min(FIT_SAMPLE_ROWS, len(self.train_source)))
+            head.fit_to_sample(self.train_source.batch(sample, acc.device))
         eval_rows = _rows(build_dataset(self._eval_data(), tokenizer))
         self.eval_source = OnlineFeatures(self.target, layers, *eval_rows)
         self.sampler = EpochSampler(
