@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: fetch SmolLM2-135M, have it continue standard-library
-# modules (train modules to train on, held-out ones to evaluate and calibrate on: data in the
-# target's own words), train an EAGLE-3 head, export it to runs/quickstart/drafter, calibrate
-# its confidence on the held-out continuations, and benchmark it against plain generation on the
-# bundled prompts. About 28 minutes on a 2-core CPU with bf16 units (AMX), in bfloat16; a CPU
-# without them runs it in float32 (longer). Rerunning it reuses the continuations.
+# modules and chat transcripts (train modules and conversations to train on, held-out modules to
+# evaluate and calibrate on: data in the target's own words), train an EAGLE-3 head, export it
+# to runs/quickstart/drafter, calibrate its confidence on the held-out continuations, and
+# benchmark it against plain generation on the bundled prompts. About 30 minutes on a 2-core
+# CPU with bf16 units (AMX), in bfloat16; a CPU without them runs it in float32 (longer). Rerunning it reuses the continuations.
 #
 #   bash scripts/quickstart.sh [key=value ...]     (recipe overrides, e.g. max_steps=60)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=runs/quickstart
 train=runs/data/smollm2-135m/stdlib-train-continued.jsonl
+chat=runs/data/smollm2-135m/chitchat-train-continued.jsonl
 heldout=runs/data/smollm2-135m/stdlib-heldout-continued.jsonl
 
 # bfloat16 only pays on a CPU with bf16 matrix units (AMX, AVX512-BF16); elsewhere it is several
@@ -23,11 +24,14 @@ draftsmith fetch-model smollm2-135m
 draftsmith regenerate --target smollm2-135m --source stdlib --split train --dtype "$dtype" \
     --max-new-tokens 128 --batch-size 64 --max-records 1024 --prompts-per-document 4 \
     --out "$train"
+draftsmith regenerate --target smollm2-135m --source chitchat-transcripts --split train \
+    --dtype "$dtype" --max-new-tokens 128 --batch-size 64 --max-records 256 \
+    --prompts-per-document 2 --out "$chat"
 draftsmith regenerate --target smollm2-135m --source stdlib --split heldout --dtype "$dtype" \
     --max-new-tokens 128 --batch-size 64 --max-records 512 --prompts-per-document 8 \
     --out "$heldout"
 accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
-    recipes/smollm2-135m/eagle3.yaml output_dir="$out" data.source="$train" \
+    recipes/smollm2-135m/eagle3.yaml output_dir="$out" "data.source=[$train, $chat]" \
     eval_data.source="$heldout" target_dtype="$dtype" mixed_precision="$precision" "$@"
 draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout" --dtype "$dtype"
 draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" --dtype "$dtype" \
