@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 
 from draftsmith.artifact import load_head
 from draftsmith.core.models import load_model
 from draftsmith.data.documents import DataConfig, build_dataset
-from draftsmith.train.features import OnlineFeatures
+from draftsmith.train.features import OnlineFeatures, packed_rows
 from draftsmith.train.head_objective import HeadObjective
 from draftsmith.train.metrics import Totals
 from draftsmith.train.objectives import ObjectiveConfig
@@ -47,10 +46,9 @@ def main() -> None:
         seq_len=args.seq_len,
         max_tokens=args.max_tokens,
     )
-    table = build_dataset(data, tokenizer).with_format("numpy")
-    input_ids = torch.from_numpy(np.asarray(table["input_ids"], dtype=np.int64))
-    loss_mask = torch.from_numpy(np.asarray(table["loss_mask"], dtype=np.int8))
-    rows = OnlineFeatures(target, head.target_feature_layers, input_ids, loss_mask)
+    rows = OnlineFeatures(
+        target, head.target_feature_layers, *packed_rows(build_dataset(data, tokenizer))
+    )
     scored = HeadObjective(head, ObjectiveConfig()).eval()
     totals = Totals()
     with torch.no_grad():

@@ -4,7 +4,8 @@
 # evaluate and calibrate on: data in the target's own words), train an EAGLE-3 head, export it
 # to runs/quickstart/drafter, calibrate its confidence on the held-out continuations, and
 # benchmark it against plain generation on the bundled prompts. About 30 minutes on a 2-core
-# CPU with bf16 units (AMX), in bfloat16; a CPU without them runs it in float32 (longer). Rerunning it reuses the continuations.
+# CPU with bf16 units (AMX), in bfloat16; a CPU without them runs it in float32 (longer).
+# Rerunning it reuses the continuations.
 #
 #   bash scripts/quickstart.sh [key=value ...]     (recipe overrides, e.g. max_steps=60)
 set -euo pipefail

@@ -39,6 +39,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from datasets import Dataset
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
@@ -60,6 +61,15 @@ __all__ = [
 CACHE_FORMAT = 1
 META_FILE = "meta.json"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def packed_rows(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids, loss_mask (N, T) of a packed dataset's rows (`build_dataset`)."""
+    table = dataset.with_format("numpy")
+    return (
+        torch.from_numpy(np.asarray(table["input_ids"], dtype=np.int32)),
+        torch.from_numpy(np.asarray(table["loss_mask"], dtype=np.int8)),
+    )
 
 
 class FeatureSource(Protocol):

@@ -27,11 +27,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import (
     PreTrainedModel,
@@ -56,6 +54,7 @@ from draftsmith.train.features import (
     FeatureCache,
     FeatureSource,
     OnlineFeatures,
+    packed_rows,
     write_feature_cache,
 )
 from draftsmith.train.head_objective import HeadObjective
@@ -127,7 +126,7 @@ class Trainer:
         if target is None or tokenizer is None:
             target, tokenizer = load_model(config.target, dtype=config.target_dtype)
         self.target = target.eval().requires_grad_(False).to(acc.device)
-        train_rows = _rows(build_dataset(config.data, tokenizer))
+        train_rows = packed_rows(build_dataset(config.data, tokenizer))
         head = build_head(config.head, self.target, config.head_args).to(acc.device)
         fit_draft_vocab(head, *train_rows, self.target.config.get_text_config().vocab_size)
         layers = tuple(head.target_feature_layers)
@@ -137,7 +136,7 @@ class Trainer:
             # The same leading rows on every process, so each fits the same values.
             sample = torch.arange(min(FIT_SAMPLE_ROWS, len(self.train_source)))
             head.fit_to_sample(self.train_source.batch(sample, acc.device))
-        eval_rows = _rows(build_dataset(self._eval_data(), tokenizer))
+        eval_rows = packed_rows(build_dataset(self._eval_data(), tokenizer))
         self.eval_source = OnlineFeatures(self.target, layers, *eval_rows)
         self.sampler = EpochSampler(
             len(self.train_source),
@@ -347,15 +346,6 @@ class Trainer:
             print(f"drafter written to {out}")
         acc.wait_for_everyone()
         return out
-
-
-def _rows(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids, loss_mask (N, T) of packed rows."""
-    table = dataset.with_format("numpy")
-    return (
-        torch.from_numpy(np.asarray(table["input_ids"], dtype=np.int32)),
-        torch.from_numpy(np.asarray(table["loss_mask"], dtype=np.int8)),
-    )
 
 
 def _mixed_precision(setting: str) -> str:
