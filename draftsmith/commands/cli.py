@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engines:ImportCommand",
         "import a published EAGLE-3 / Medusa head: SOURCE --target NAME --out DIR",
     ),
+    "profile": (
+        "profile:ProfileCommand",
+        "measure the target's verify cost for 1..N tokens on this device: --target NAME",
+    ),
 }
 """Subcommand -> (``module:Class`` under draftsmith.commands, one-line summary)."""
 

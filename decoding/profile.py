@@ -1,0 +1,278 @@
+"""The target's verification cost on this device, so a decoder can size its drafts for speed.
+
+One target forward of n new tokens after a cached context costs far less than n forwards of one
+token, until the device runs out of parallel work. `profile_target` measures that curve for
+n = 1..N, `profile_drafter` the drafter's cost per step, and `best_budget` turns the curve and
+the expected acceptance of the n most valuable draft-tree nodes into the n that maximises
+accepted tokens per second.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+from time import perf_counter
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from draftsmith.core.cache import cache_argument, crop_cache
+from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.zoo import default_home
+from draftsmith.heads.base import Drafter
+
+RERUN = "rerun `draftsmith profile --target NAME` to measure it again"
+
+
+@dataclass
+class CostCurve:
+    """Seconds of one target forward of n new tokens after a cached context, for measured n."""
+
+    tokens: list[int]
+    """Verified-block sizes measured, increasing (e.g. 1, 2, 3, 4, 6, 8, 12, ..., 64)."""
+    verify_s: list[float]
+    """Median seconds of one target forward of tokens[i] new tokens, one per size."""
+    context: int
+    """Positions already in the target's KV cache when it was timed."""
+    draft_step_s: float | None = None
+    """Seconds per drafter step (one more drafted token), when a drafter was profiled."""
+    drafter: str = ""
+    """The profiled drafter's spec; empty when none was."""
+    target: str = ""
+    """The target's zoo name, folder or hub id; empty for a hand-made curve (as below)."""
+    dtype: str = ""
+    """The target's precision when timed (float32, bfloat16, ...)."""
+    device: str = ""
+    """The device it ran on (cpu, cuda:0, ...)."""
+    device_name: str = ""
+    """The accelerator's model name (cpu when none)."""
+    torch_threads: int = 0
+    """torch's intra-op threads when timed (a CPU run's cost depends on them)."""
+    draftsmith_version: str = ""
+    """The draftsmith that measured it."""
+    date: str = ""
+    """When it was measured, ISO 8601 in UTC."""
+
+    def __post_init__(self) -> None:
+        if not self.tokens or len(self.tokens) != len(self.verify_s):
+            raise ValueError(
+                f"a cost curve needs one time per size, got {len(self.tokens)} sizes and "
+                f"{len(self.verify_s)} times"
+            )
+        if any(not isinstance(n, int) or n < 1 for n in self.tokens) or any(
+            b <= a for a, b in itertools.pairwise(self.tokens)
+        ):
+            raise ValueError(f"sizes must be increasing positive integers, got {self.tokens}")
+        if any(not isinstance(s, (int, float)) or not s > 0 for s in self.verify_s):
+            raise ValueError(f"times must be positive seconds, got {self.verify_s}")
+
+    def verify_cost(self, n: int) -> float:
+        """Seconds to verify a block of n tokens: linear between measured sizes, the smallest
+        size's time below it, and the last segment's slope (never falling) beyond the largest."""
+        sizes, times = self.tokens, self.verify_s
+        if n <= sizes[0] or len(sizes) == 1:
+            return times[0]
+        # The segment sizes[i] < n <= sizes[i + 1], or the last one beyond the largest size.
+        i = min(bisect.bisect_left(sizes, n), len(sizes) - 1) - 1
+        slope = (times[i + 1] - times[i]) / (sizes[i + 1] - sizes[i])
+        if n > sizes[-1]:
+            return times[-1] + max(slope, 0.0) * (n - sizes[-1])
+        return times[i] + slope * (n - sizes[i])
+
+    def relative(self, n: int) -> float:
+        """verify_cost(n) in units of one token's verification."""
+        return self.verify_cost(n) / self.verify_cost(1)
+
+    def save(self, path: str | Path) -> None:
+        """Write as JSON, to a temporary name first so a crash leaves no half-written curve."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        partial.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostCurve:
+        """Read a curve `save` wrote; a missing or corrupt file is an error naming the fix."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no cost curve at {path}: {RERUN}")
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError) as err:  # bad JSON, missing or unknown keys, bad values
+            raise ValueError(f"{path} is not a valid cost curve ({err}): {RERUN}") from err
+
+    @staticmethod
+    def default_path(target_name: str, dtype: str | torch.dtype, device: str = "cpu") -> Path:
+        """Where `draftsmith profile` keeps the curve of `target_name` at `dtype` on devices of
+        `device`'s kind: ``$DRAFTSMITH_HOME/profiles/`` (default ``~/.cache/draftsmith``)."""
+        dtype = str(dtype).removeprefix("torch.")
+        kind = torch.device(device).type
+        return default_home() / "profiles" / f"{_safe_name(target_name)}--{dtype}--{kind}.json"
+
+
+def _safe_name(name: str) -> str:
+    """A hub id or a folder as one file name: `Qwen/Qwen2.5-0.5B` -> `Qwen_Qwen2.5-0.5B`."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "target"
+
+
+def default_sizes(max_tokens: int) -> list[int]:
+    """1, 2, 3, 4, then each power of two and the midpoint 1.5x above it (6, 8, 12, 16, 24, ...),
+    up to and always including max_tokens: dense where the curve bends, sparse where it is
+    straight."""
+    sizes = {1, 2, 3, 4, max_tokens}
+    power = 4
+    while power <= max_tokens:
+        sizes |= {power, power * 3 // 2}
+        power *= 2
+    return sorted(n for n in sizes if n <= max_tokens)
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for queued kernels: an accelerator's forward returns before its work is done.
+    torch.cuda, torch.mps, torch.xpu and torch.cpu (a no-op) each have synchronize()."""
+    getattr(torch, device.type).synchronize()
+
+
+def _seconds(run: Callable[[], object], device: torch.device) -> float:
+    _synchronize(device)
+    start = perf_counter()
+    run()
+    _synchronize(device)
+    return perf_counter() - start
+
+
+def _interleaved_medians(
+    runs: list[Callable[[], object]], repeats: int, device: torch.device
+) -> list[float]:
+    """Median seconds of each of `runs`: one untimed warm-up round, then `repeats` rounds over
+    all of them, so a drift of the clock speed or of the machine's load spreads over every run
+    instead of biasing the ones timed last."""
+    for run in runs:
+        run()
+    rounds = [[_seconds(run, device) for run in runs] for _ in range(repeats)]
+    return [statistics.median(column) for column in zip(*rounds, strict=True)]
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def _check_profile_args(
+    model: PreTrainedModel, sizes: list[int], context: int, repeats: int
+) -> None:
+    if not sizes or sizes[0] < 1 or context < 1 or repeats < 1:
+        raise ValueError(
+            f"profile needs sizes >= 1, context >= 1 and repeats >= 1, got sizes {sizes}, "
+            f"context {context}, repeats {repeats}"
+        )
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if limit is not None and context + sizes[-1] > limit:
+        raise ValueError(
+            f"context {context} + {sizes[-1]} tokens exceeds the target's "
+            f"{limit} positions: lower --context or --max-tokens"
+        )
+
+
+@torch.inference_mode()
+def profile_target(
+    model: PreTrainedModel,
+    *,
+    max_tokens: int = 64,
+    context: int = 256,
+    repeats: int = 5,
+    sizes: Sequence[int] | None = None,
+    name: str = "",
+) -> CostCurve:
+    """Time one target forward of n new tokens after a KV cache of `context` positions, for each
+    n in `sizes` (default `default_sizes(max_tokens)`): the median of `repeats` runs, after a
+    warm-up. The tokens run causally, as a chain: a draft tree's mask changes what attends to
+    what, not how much work the forward does. `name` is recorded as the curve's target."""
+    sizes = sorted(set(sizes)) if sizes is not None else default_sizes(max_tokens)
+    _check_profile_args(model, sizes, context, repeats)
+    device = model.device
+    vocab = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    cache_kw = cache_argument(model)
+    cache = DynamicCache()
+    prompt = torch.randint(vocab, (1, context), generator=generator)
+    model(input_ids=prompt.to(device), use_cache=True, **{cache_kw: cache})
+
+    def verify(block: torch.Tensor) -> Callable[[], None]:
+        def run() -> None:
+            model(input_ids=block, use_cache=True, **{cache_kw: cache})
+            crop_cache(cache, context)
+
+        return run
+
+    blocks = [torch.randint(vocab, (1, n), generator=generator).to(device) for n in sizes]
+    times = _interleaved_medians([verify(block) for block in blocks], repeats, device)
+    return CostCurve(
+        tokens=sizes,
+        verify_s=times,
+        context=context,
+        target=name or model.name_or_path,
+        dtype=str(model.dtype).removeprefix("torch."),
+        device=str(device),
+        device_name=_device_name(device),
+        torch_threads=torch.get_num_threads(),
+        draftsmith_version=version("draftsmith"),
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def profile_drafter(
+    drafter: Drafter,
+    prompt_ids: torch.Tensor,
+    target_features: torch.Tensor | None,
+    repeats: int = 5,
+) -> float:
+    """Seconds per draft step: proposing 8 tokens minus proposing 1, over 7 (a round's fixed
+    costs, such as rerunning the newest token, cancel out), at least 0.
+
+    prompt_ids (T,) on the drafter's device (the timing waits for that device's queued work);
+    target_features (T-1, F) for all prompt tokens but the last, or None.
+    """
+    drafter.start(prompt_ids, target_features)
+    sampling = SamplingParams()
+    # propose leaves the committed sequence alone: each call redrafts from the same point.
+    one, eight = _interleaved_medians(
+        [lambda: drafter.propose(1, sampling), lambda: drafter.propose(8, sampling)],
+        repeats,
+        prompt_ids.device,
+    )
+    return max((eight - one) / 7, 0.0)
+
+
+def best_budget(curve: CostCurve, expected_accepted: Sequence[float]) -> int:
+    """The number n of draft-tree nodes that maximises accepted tokens per second.
+
+    expected_accepted[n - 1] is the expected number of draft tokens accepted when the tree holds
+    its n most valuable nodes (n = 1..len). Each round commits those plus the target's own next
+    token, and costs one drafting pass and one target forward over the n nodes plus the newest
+    committed token:
+
+        value(n) = (1 + expected_accepted[n - 1]) / (draft_step_s + verify_cost(n + 1))
+        value(0) = 1 / verify_cost(1)                      (no draft: plain decoding)
+
+    with draft_step_s = 0 when no drafter was profiled. Ties go to the smaller n.
+    """
+    draft = curve.draft_step_s or 0.0
+    best, best_value = 0, 1.0 / curve.verify_cost(1)
+    for n, accepted in enumerate(expected_accepted, start=1):
+        value = (1.0 + accepted) / (draft + curve.verify_cost(n + 1))
+        if value > best_value and not math.isclose(value, best_value):
+            best, best_value = n, value
+    return best

@@ -1,0 +1,96 @@
+"""``draftsmith profile``: the target's verification cost for 1..N tokens on this device, saved
+for the decoder to size its draft trees by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftsmith.core.models import Dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from draftsmith.decoding.profile import CostCurve
+    from draftsmith.heads import Drafter
+
+
+@dataclass(kw_only=True)
+class ProfileCommand:
+    """Measure how long one target forward of n new tokens takes after a cached context, for n
+    from 1 to --max-tokens, and save the curve as JSON: the decoder reads it to choose the draft
+    size that gives the most accepted tokens per second on this device. Given a drafter, its cost
+    per draft step is measured too."""
+
+    target: str
+    """Zoo name, local folder or hub id of the target model."""
+    drafter: str | None = None
+    """The drafter whose cost per draft step to measure too: draft-model:NAME_OR_PATH,
+    ngram[:MAX_N] or artifact:PATH; None: the target only."""
+    dtype: Dtype = "auto"
+    """Precision of the target and draft model (auto: the checkpoint's own)."""
+    max_tokens: int = 64
+    """Largest verified block timed, in tokens."""
+    context: int = 256
+    """Positions in the target's KV cache before each timed block."""
+    repeats: int = 5
+    """Timed runs per block size (their median is kept), after one warm-up."""
+    out: Path | None = None
+    """Where to write the curve; None: $DRAFTSMITH_HOME/profiles/ (default ~/.cache/draftsmith),
+    named after the target, its dtype and the device kind, where the decoder looks."""
+
+    def run(self) -> CostCurve:
+        import torch
+
+        from draftsmith.commands.drafter_spec import build_drafter, check_spec
+        from draftsmith.core.models import load_model
+        from draftsmith.decoding.profile import CostCurve, profile_target
+
+        if self.drafter:
+            check_spec(self.drafter)  # a bad drafter fails before the target loads
+        model, tokenizer = load_model(self.target, dtype=self.dtype)
+        print(f"timing {self.target} on {model.device} ({model.dtype}) ...")
+        curve = profile_target(
+            model,
+            max_tokens=self.max_tokens,
+            context=self.context,
+            repeats=self.repeats,
+            name=self.target,
+        )
+        if self.drafter:
+            drafter = build_drafter(self.drafter, model, tokenizer, dtype=self.dtype).drafter
+            curve.draft_step_s = _draft_step(model, drafter, self.context, self.repeats)
+            curve.drafter = self.drafter
+        out = self.out or CostCurve.default_path(self.target, curve.dtype, curve.device)
+        curve.save(out)
+        print(format_curve(curve))
+        print(f"wrote {out} (torch threads: {torch.get_num_threads()})")
+        return curve
+
+
+def _draft_step(model: PreTrainedModel, drafter: Drafter, context: int, repeats: int) -> float:
+    """The drafter's seconds per step after a random prompt of `context` tokens, with the
+    target's features of that prompt as the decoder would give them."""
+    import torch
+
+    from draftsmith.core.target import Target
+    from draftsmith.decoding.profile import profile_drafter
+
+    vocab = model.config.get_text_config().vocab_size
+    prompt = torch.randint(vocab, (context,), generator=torch.Generator().manual_seed(1))
+    prompt = prompt.to(model.device)
+    with torch.inference_mode():
+        target = Target(model, drafter.target_feature_layers)
+        features = target.extend(prompt[:-1])[1] if context > 1 else None
+        return profile_drafter(drafter, prompt, features, repeats)
+
+
+def format_curve(curve: CostCurve) -> str:
+    """The curve as a table: tokens, milliseconds, and cost relative to one token."""
+    lines = [f"{'tokens':>6}  {'ms':>9}  {'x 1 token':>9}"]
+    for n, seconds in zip(curve.tokens, curve.verify_s, strict=True):
+        lines.append(f"{n:>6}  {seconds * 1e3:>9.3f}  {curve.relative(n):>9.2f}")
+    if curve.draft_step_s is not None:
+        lines.append(f"draft step: {curve.draft_step_s * 1e3:.3f} ms ({curve.drafter})")
+    return "\n".join(lines)

@@ -1,0 +1,243 @@
+"""The verification cost curve: measuring it, storing it, reading it, and the draft budget it
+chooses. Speed itself is never asserted: a fake clock stands in where times matter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from draftsmith.commands.cli import main
+from draftsmith.decoding import profile
+from draftsmith.decoding.profile import (
+    CostCurve,
+    best_budget,
+    default_sizes,
+    profile_drafter,
+    profile_target,
+)
+from draftsmith.heads.base import Draft, Drafter
+
+
+class FakeClock:
+    """Stands in for perf_counter in draftsmith.decoding.profile; advanced by hand."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.now = 0.0
+        monkeypatch.setattr(profile, "perf_counter", lambda: self.now)
+
+
+def curve(tokens: list[int], verify_s: list[float], **kwargs) -> CostCurve:
+    return CostCurve(tokens=tokens, verify_s=verify_s, context=16, **kwargs)
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def test_default_sizes_are_dense_where_the_curve_bends():
+    assert default_sizes(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert default_sizes(10) == [1, 2, 3, 4, 6, 8, 10]
+    assert default_sizes(1) == [1]
+
+
+def test_profile_target_times_each_size_after_the_same_context(llama):
+    measured = profile_target(llama, max_tokens=8, context=16, repeats=2, name="tiny")
+    assert measured.tokens == [1, 2, 3, 4, 6, 8]
+    assert len(measured.verify_s) == 6 and all(s > 0 for s in measured.verify_s)
+    assert (measured.context, measured.target, measured.dtype) == (16, "tiny", "float32")
+    assert measured.device == "cpu" and measured.torch_threads == torch.get_num_threads()
+    assert measured.draft_step_s is None
+
+
+def test_profile_target_reports_the_median_of_each_size(monkeypatch):
+    """Each block forward is seen after exactly `context` cached positions (the cache is cropped
+    back), and its time is the median of the repeats, warm-up excluded."""
+    model = tiny_model("llama", seed=5)
+    clock = FakeClock(monkeypatch)
+    seen: list[tuple[int, int]] = []
+    calls = {3: 0, 5: 0}
+    slow = {3: [9.0, 0.3, 0.2, 0.4], 5: [9.0, 0.5, 0.7, 0.6]}  # warm-up, then 3 repeats
+
+    def forward(module, args, kwargs):
+        n = kwargs["input_ids"].shape[1]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if n in calls:  # the prefill of the context is not timed
+            seen.append((n, cache.get_seq_length()))
+            clock.now += slow[n][calls[n]]
+            calls[n] += 1
+
+    handle = model.register_forward_pre_hook(forward, with_kwargs=True)
+    try:
+        measured = profile_target(model, sizes=[5, 3], context=12, repeats=3)
+    finally:
+        handle.remove()
+    assert measured.tokens == [3, 5]
+    assert measured.verify_s == pytest.approx([0.3, 0.6])
+    assert {length for _, length in seen} == {12} and len(seen) == 8
+
+
+def test_a_context_past_the_targets_positions_is_a_clear_error(llama):
+    with pytest.raises(ValueError, match="exceeds the target's 256 positions: lower --context"):
+        profile_target(llama, max_tokens=8, context=250)
+
+
+class StepDrafter(Drafter):
+    """Advances a fake clock by a fixed cost per round plus a cost per drafted token."""
+
+    def __init__(self, clock: FakeClock, fixed: float, step: float) -> None:
+        self.clock, self.fixed, self.step = clock, fixed, step
+        self.started = 0
+
+    def start(self, prompt_ids, target_features=None) -> None:
+        self.started += 1
+
+    def propose(self, shape, sampling, generator=None, stop=None, acceptance=None) -> Draft:
+        self.clock.now += self.fixed + self.step * shape
+        return Draft.empty()
+
+    def draft(self, *args) -> Draft:  # the tree interface, where heads/base.py has it
+        raise AssertionError("propose is overridden")
+
+    def commit(self, tokens, target_features=None) -> None:
+        raise AssertionError("profiling commits nothing")
+
+
+def test_profile_drafter_cancels_the_fixed_cost_of_a_round(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    drafter = StepDrafter(clock, fixed=0.5, step=0.01)
+    step = profile_drafter(drafter, torch.arange(6), None, repeats=3)
+    assert step == pytest.approx(0.01) and drafter.started == 1
+    assert profile_drafter(StepDrafter(clock, fixed=0.5, step=0.0), torch.arange(6), None) == 0
+
+
+# -- the curve ------------------------------------------------------------------------------------
+
+
+def test_verify_cost_interpolates_and_extrapolates():
+    c = curve([1, 2, 4, 8], [1.0, 2.0, 2.0, 4.0])
+    assert [c.verify_cost(n) for n in (0, 1, 3, 6, 8, 16)] == [1.0, 1.0, 2.0, 3.0, 4.0, 8.0]
+    assert c.relative(6) == 3.0
+    falling = curve([1, 4], [2.0, 1.0])  # noise; beyond the last size it never gets cheaper
+    assert falling.verify_cost(4) == 1.0 and falling.verify_cost(10) == 1.0
+    assert curve([2], [3.0]).verify_cost(9) == 3.0
+
+
+@pytest.mark.parametrize(
+    ("tokens", "verify_s", "complaint"),
+    [
+        ([1, 2], [1.0], "one time per size"),
+        ([], [], "one time per size"),
+        ([2, 1], [1.0, 1.0], "increasing positive integers"),
+        ([0, 1], [1.0, 1.0], "increasing positive integers"),
+        ([1, 2], [1.0, 0.0], "positive seconds"),
+    ],
+)
+def test_a_malformed_curve_is_refused(tokens, verify_s, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        curve(tokens, verify_s)
+
+
+def test_save_load_round_trip(tmp_path):
+    saved = curve([1, 2, 4], [0.01, 0.012, 0.02], draft_step_s=0.003, drafter="ngram")
+    path = tmp_path / "deep" / "curve.json"
+    saved.save(path)
+    assert CostCurve.load(path) == saved
+    assert [p.name for p in path.parent.iterdir()] == ["curve.json"]  # no partial file left
+
+
+def test_a_missing_curve_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no cost curve at .*rerun `draftsmith profile"):
+        CostCurve.load(tmp_path / "none.json")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"tokens": [1, 2], "verify_s": [0.1',
+        '{"tokens": [1, 2], "verify_s": [0.1, 0.2]}',
+        '{"tokens": [1], "verify_s": [0.1], "context": 8, "colour": "red"}',
+        '{"tokens": [1, 2], "verify_s": [0.1], "context": 8}',
+        "[1, 2]",
+    ],
+)
+def test_a_corrupt_curve_names_the_file_and_the_fix(tmp_path, text):
+    path = tmp_path / "curve.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"{path} is not a valid cost curve .*draftsmith profile"):
+        CostCurve.load(path)
+
+
+def test_default_path_names_target_dtype_and_device_kind(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    path = CostCurve.default_path("Qwen/Qwen2.5-0.5B", torch.bfloat16, "cuda:0")
+    assert path == tmp_path / "profiles" / "Qwen_Qwen2.5-0.5B--bfloat16--cuda.json"
+    assert (
+        CostCurve.default_path("/models/tiny", "float32").name == "models_tiny--float32--cpu.json"
+    )
+
+
+# -- the budget -----------------------------------------------------------------------------------
+
+
+def test_flat_cost_drafts_as_much_as_acceptance_grows():
+    assert best_budget(curve([1, 64], [1.0, 1.0]), [0.5, 0.9, 1.2, 1.4]) == 4
+
+
+def test_steep_cost_does_not_draft():
+    assert best_budget(curve([1, 64], [1.0, 64.0]), [0.5, 0.9, 1.2, 1.4]) == 0
+
+
+def test_the_budget_stops_where_the_cost_turns_steep():
+    # value(n) = (1 + accepted) / verify_cost(n + 1): 1.8, 2.4, 1.3, 0.9 (plain decoding: 1)
+    steps = curve([1, 2, 3, 4, 5], [1.0, 1.0, 1.0, 2.0, 3.0])
+    assert best_budget(steps, [0.8, 1.4, 1.6, 1.7]) == 2
+
+
+def test_draft_cost_and_ties():
+    assert best_budget(curve([1, 8], [1.0, 1.0], draft_step_s=5.0), [1.0]) == 0
+    assert best_budget(curve([1, 8], [1.0, 1.0], draft_step_s=0.5), [1.0]) == 1  # 2 / 1.5
+    assert best_budget(curve([1, 8], [1.0, 1.0]), [1.0, 1.0, 1.0]) == 1  # ties: the smaller
+    assert best_budget(curve([1, 8], [1.0, 1.0]), []) == 0
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, byte_tokenizer):
+    folder = tmp_path_factory.mktemp("target")
+    tiny_model("llama", seed=0).save_pretrained(folder)
+    byte_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_profile_command_writes_the_curve(target_dir, tmp_path, capsys):
+    out = tmp_path / "curve.json"
+    argv = ["--target", str(target_dir), "--max-tokens", "4", "--context", "8", "--out", str(out)]
+    main(["profile", *argv, "--repeats", "1", "--dtype", "float32"])
+    saved = CostCurve.load(out)
+    assert saved.tokens == [1, 2, 3, 4] and saved.context == 8
+    assert saved.target == str(target_dir) and saved.draft_step_s is None
+    assert json.loads(out.read_text())["dtype"] == "float32"
+    printed = capsys.readouterr().out
+    assert "x 1 token" in printed and f"wrote {out}" in printed
+
+
+def test_profile_command_with_a_drafter_writes_to_the_default_path(
+    target_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    spec = f"draft-model:{target_dir}"
+    argv = ["--target", str(target_dir), "--drafter", spec, "--max-tokens", "2", "--context", "8"]
+    main(["profile", *argv, "--repeats", "2"])
+    saved = CostCurve.load(CostCurve.default_path(str(target_dir), "float32", "cpu"))
+    assert saved.drafter == spec and saved.draft_step_s is not None and saved.draft_step_s >= 0
+
+
+def test_profile_command_rejects_a_bad_drafter_before_loading(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["profile", "--target", "unused", "--drafter", "magic"])
+    assert exit.value.code == 2
+    assert "unknown drafter spec 'magic'" in capsys.readouterr().err
