@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 
 import pytest
 import torch
-from conftest import perturbed_copy
+from conftest import perturbed_copy, tiny_model
 
 from draftsmith.commands.bench import bundled_prompts
 from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
-from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts, rounding_tolerance
+from draftsmith.decoding.benchmark import (
+    FLOAT32_ULPS,
+    Benchmark,
+    format_divergence,
+    format_table,
+    judge_divergence,
+    load_prompts,
+)
+from draftsmith.decoding.decoder import GenerationResult, GenerationStats
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
 
 PROMPTS = [
@@ -72,12 +82,145 @@ def test_sampling_report_leaves_identity_undefined(llama, byte_tokenizer):
     assert report["overall"]["identical_to_plain"] is None
 
 
-def test_rounding_tolerance_scales_with_dtype_and_magnitude():
-    # bf16 has 8 significant bits: one ulp at 20.0 (in [16, 32)) is 16 * 2**-7 = 0.125.
-    assert rounding_tolerance(20.0, torch.bfloat16) == pytest.approx(8 * 0.125)
-    assert rounding_tolerance(-20.0, torch.bfloat16) == pytest.approx(8 * 0.125)
-    assert rounding_tolerance(20.0, torch.float32) == pytest.approx(8 * 16 * 2**-23)
-    assert rounding_tolerance(1.5, torch.bfloat16) < rounding_tolerance(20.0, torch.bfloat16)
+def test_near_tie_within_the_measured_error_is_rounding():
+    # float32 says token 1 by 0.02; the run's logits are off by 0.03125 and 0.02 there, enough to
+    # flip the pair: plain took token 0 and ours token 1, a tie the run cannot resolve.
+    reference = torch.tensor([5.0, 5.02, 1.0, 0.0])
+    run = torch.tensor([5.03125, 5.0, 1.0, 0.0], dtype=torch.bfloat16)
+    judged = judge_divergence(run, reference, plain_token=0, our_token=1)
+    error = (run.double() - reference.double()).abs()[:2].sum().item()
+    assert judged["float32_gap"] == pytest.approx(-0.02, abs=1e-6)
+    assert judged["run_gap"] == pytest.approx(0.03125)
+    assert judged["run_error"] == pytest.approx(error)
+    assert judged["tolerance"] >= judged["run_error"]
+    assert judged["explained"] is True
+
+
+def test_clear_gap_is_not_rounding_however_close_the_run_gap():
+    # The run puts tokens 0 and 1 0.0625 apart, within its 0.1875 error on them, but float32 puts
+    # them 0.25 apart, past that error: the float32 gap decides, not the run's.
+    reference = torch.tensor([5.0, 4.75, 4.96875, 0.0])
+    run = torch.tensor([5.0, 4.9375, 5.0, 0.0], dtype=torch.bfloat16)
+    judged = judge_divergence(run, reference, plain_token=0, our_token=1)
+    assert judged["run_gap"] == pytest.approx(0.0625)
+    assert judged["run_error"] == pytest.approx(0.1875)
+    assert judged["float32_gap"] == pytest.approx(0.25)
+    assert judged["explained"] is False
+    # Tokens 0 and 2, tied in the run, lie 0.03125 apart in float32: within the run's error there.
+    judged = judge_divergence(run, reference, plain_token=0, our_token=2)
+    assert judged["run_gap"] == 0.0
+    assert judged["float32_gap"] == pytest.approx(0.03125)
+    assert judged["explained"] is True
+
+
+def test_float32_runs_excuse_only_a_few_ulps():
+    top = torch.tensor(5.0)
+    near = top
+    for _ in range(FLOAT32_ULPS):
+        near = torch.nextafter(near, torch.tensor(0.0))
+    logits = torch.stack([top, near, torch.tensor(1.0)])
+    judged = judge_divergence(logits, logits, plain_token=0, our_token=1)
+    assert judged["run_error"] == 0.0
+    assert judged["explained"] is True
+    logits[1] = torch.nextafter(near, torch.tensor(0.0))
+    assert judge_divergence(logits, logits, plain_token=0, our_token=1)["explained"] is False
+
+
+class SwapDecoder:
+    """Stands in for the speculative decoder: replays given outputs, one per prompt."""
+
+    def __init__(self, outputs: dict[tuple[int, ...], list[int]]) -> None:
+        self.outputs = outputs
+
+    def generate(self, ids, max_new_tokens, **_) -> GenerationResult:
+        tokens = self.outputs[tuple(ids.tolist())][:max_new_tokens]
+        return GenerationResult(tokens=tokens, text=None, stats=GenerationStats())
+
+
+def greedy(model, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
+    out = model.generate(
+        ids[None],
+        attention_mask=torch.ones_like(ids[None]),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+    )
+    return out[0, ids.numel() :].tolist()
+
+
+def next_logits(model, ids: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.cat([ids, torch.tensor(tokens)])[None]).logits[0, -1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_divergences_are_judged_by_a_float32_rescore(byte_tokenizer, caplog, dtype):
+    target = tiny_model("llama", seed=0).to(dtype)
+    new = 8
+    ids = [byte_tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in PROMPTS[:2]]
+    # A near-tie: token b's output row copies token a's with one weight scaled by 1 + 2**-7 (about
+    # a bfloat16 ulp), so a and b differ by a hair: less than bfloat16 resolves, far more than
+    # float32 does.
+    before = greedy(target, ids[0], new)
+    a = before[2]
+    b = next(t for t in range(a + 1, 256) if t not in before)
+    with torch.no_grad():
+        row = target.lm_head.weight[a].clone()
+        row[0] *= 1 + 2**-7
+        target.lm_head.weight[b] = row
+    plain = [greedy(target, i, new) for i in ids]
+    near = next(i for i, t in enumerate(plain[0]) if t in (a, b))
+    tie_ours = plain[0][:near] + [a + b - plain[0][near]]
+    # A clear loser: ours takes the token the target ranks last.
+    clear = 3
+    loser = int(next_logits(target, ids[1], plain[1][:clear]).argmin())
+    clear_ours = plain[1][:clear] + [loser]
+    decoder = SwapDecoder(
+        {tuple(i.tolist()): o for i, o in zip(ids, [tie_ours, clear_ours], strict=True)}
+    )
+
+    bench = Benchmark(target, byte_tokenizer, decoder, {}, max_new_tokens=new)
+    with caplog.at_level(logging.INFO, logger="draftsmith.decoding.benchmark"):
+        report = bench.run(PROMPTS[:2])
+
+    overall = report["overall"]
+    tie, lost = overall["divergences"]
+    reference = copy.deepcopy(target).float()
+    for d, prompt, ours in ((tie, 0, tie_ours), (lost, 1, clear_ours)):
+        position = len(ours) - 1
+        assert (d["prompt"], d["position"]) == (prompt, position)
+        assert (d["plain_token"], d["draftsmith_token"]) == (plain[prompt][position], ours[-1])
+        pair = [d["plain_token"], d["draftsmith_token"]]
+        run = next_logits(target, ids[prompt], ours[:-1])[pair].double()
+        ref = next_logits(reference, ids[prompt], ours[:-1])[pair].double()
+        assert d["run_gap"] == pytest.approx(float(run[0] - run[1]), abs=1e-6)
+        assert d["float32_gap"] == pytest.approx(float(ref[0] - ref[1]), abs=1e-6)
+        assert d["run_error"] == pytest.approx(float((run - ref).abs().sum()), abs=1e-6)
+    assert tie["float32_gap"] != 0.0
+    rounds_away = dtype == torch.bfloat16
+    assert tie["explained"] is rounds_away
+    assert lost["explained"] is False
+    assert overall["unexplained_divergences"] == ([lost] if rounds_away else [tie, lost])
+    assert overall["identical_to_plain"] is False
+    assert format_divergence(tie).startswith(
+        "divergence (rounding)" if rounds_away else "divergence (UNEXPLAINED)"
+    )
+    assert str(loser) in format_divergence(lost)
+    # A float32 copy only where the run's dtype is not float32, made once for both divergences,
+    # and the target itself left in its dtype.
+    copies = [r for r in caplog.records if "re-scoring a divergence in float32" in r.message]
+    assert len(copies) == (1 if rounds_away else 0)
+    assert next(target.parameters()).dtype == dtype
+    json.dumps(report)
+
+
+def test_an_output_that_stops_early_is_unexplained(llama, byte_tokenizer):
+    ids = byte_tokenizer(PROMPTS[0]["prompt"], return_tensors="pt").input_ids[0]
+    short = greedy(llama, ids, 10)[:6]
+    decoder = SwapDecoder({tuple(ids.tolist()): short})
+    report = Benchmark(llama, byte_tokenizer, decoder, {}, max_new_tokens=10).run(PROMPTS[:1])
+    (d,) = report["overall"]["unexplained_divergences"]
+    assert (d["position"], d["plain_token"], d["explained"]) == (6, None, False)
+    assert "stops" in format_divergence(d)
 
 
 def test_bundled_prompts_cover_code_chat_and_prose():

@@ -55,7 +55,12 @@ class BenchCommand:
         from draftsmith.commands.drafter_spec import build_drafter, check_spec
         from draftsmith.core.models import load_model
         from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
-        from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts
+        from draftsmith.decoding.benchmark import (
+            Benchmark,
+            format_divergence,
+            format_table,
+            load_prompts,
+        )
 
         prompts = load_prompts(self.prompts, self.limit)
         check_spec(self.drafter)  # a bad drafter fails before the target loads
@@ -84,12 +89,7 @@ class BenchCommand:
         }
         print(format_table(report))
         for d in report["overall"]["divergences"]:
-            kind = "rounding" if d["explained"] else "UNEXPLAINED"
-            print(
-                f"divergence ({kind}): prompt {d['prompt']} position {d['position']}, "
-                f"top-1 minus top-2 logit {d['top1_minus_top2_logit']:.4f} "
-                f"(tolerance {d['rounding_tolerance']:.4f})"
-            )
+            print(format_divergence(d))
         if self.json:
             self.json.parent.mkdir(parents=True, exist_ok=True)
             self.json.write_text(json.dumps(report, indent=2) + "\n")
