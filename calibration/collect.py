@@ -60,6 +60,10 @@ class DraftRecorder:
         k = len(draft)
         if k == 0 or draft.logits is None:
             return  # nothing drafted, or a drafter without confidence (n-gram)
+        if not draft.is_chain:
+            raise ValueError(
+                "calibration data is collected from chain drafts: decode without a tree"
+            )
         n = min(record.n_accepted + 1, k)  # the accepted prefix and the first rejected token
         target_logits = record.target_logits[:n]
         accepted = (draft.tokens[:n] == target_logits.argmax(-1)).float()

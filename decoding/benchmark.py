@@ -82,6 +82,7 @@ class Aggregate:
             "speedup_vs_hf": None if hf is None else ours / hf,
             "hf_speedup_vs_plain": None if hf is None else hf / plain,
             "mean_accepted_length": new_tokens / max(forwards, 1),
+            "mean_draft_size": sum(r.stats.drafted for r in self.results) / max(forwards, 1),
             "acceptance_by_position": [a / d for a, d in zip(accepted, drafted, strict=True)],
             "identical_to_plain": (not divergences) if greedy else None,
             "hf_identical_to_plain": (

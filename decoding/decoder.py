@@ -21,28 +21,29 @@ class GenerationStats:
     target_forwards: int = 0
     """Target forward passes after the prompt prefill (one per round)."""
     drafted: int = 0
-    """Draft tokens proposed."""
+    """Draft tokens proposed (tree nodes)."""
     accepted: int = 0
     """Draft tokens the target accepted."""
     new_tokens: int = 0
     mean_accepted_length: float = 0.0
     """Tokens produced per target forward pass (tau); 1.0 is plain decoding."""
     acceptance_by_position: list[float] = field(default_factory=list)
-    """Fraction of drafts reaching position i whose token i was accepted."""
+    """Fraction of drafts reaching depth i + 1 whose accepted path reached it too."""
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     wall_s: float = 0.0
     tokens_per_s: float = 0.0
 
-    def record_round(self, n_drafted: int, n_accepted: int) -> None:
+    def record_round(self, draft: Draft, n_accepted: int) -> None:
         self.target_forwards += 1
-        self.drafted += n_drafted
+        self.drafted += len(draft)
         self.accepted += n_accepted
-        grow = n_drafted - len(self.drafted_by_position)
+        depth = int(draft.depths.max()) if len(draft) else 0
+        grow = depth - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position.extend([0] * grow)
             self.accepted_by_position.extend([0] * grow)
-        for i in range(n_drafted):
+        for i in range(depth):
             self.drafted_by_position[i] += 1
             self.accepted_by_position[i] += i < n_accepted
 
@@ -65,9 +66,15 @@ class RoundRecord:
 
     draft: Draft
     target_logits: torch.Tensor
-    """(k+1, V) float32 target logits at the verified positions."""
-    n_accepted: int
+    """(k+1, V) float32 target logits: row 0 after the newest committed token, row 1 + i after
+    draft node i."""
+    accepted_path: list[int]
+    """The draft nodes the target accepted, root first."""
     sampling: SamplingParams
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.accepted_path)
 
 
 RoundHook = Callable[[RoundRecord], None]
@@ -85,7 +92,9 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Lossless speculative decoding of a target model with any `Drafter`.
 
-    Batch size 1. Greedy output equals the target's greedy output token for token; sampled output
+    Each round the drafter proposes a draft tree (a chain is one), the target verifies it in one
+    forward with a tree attention mask, and both caches keep the accepted path's rows. Batch size
+    1. Greedy output equals the target's greedy output token for token; sampled output
     follows the target's distribution (same temperature / top-k / top-p processing on both sides).
     """
 
@@ -144,19 +153,29 @@ class SpeculativeDecoder:
         last_token = int(prompt[-1])
         generated: list[int] = []
         while len(generated) < max_new_tokens:
-            # A round emits at most draft + 1 tokens: draft no more than the budget left needs.
-            budget = min(self.policy.max_draft_tokens, max_new_tokens - len(generated) - 1)
-            draft = self.drafter.propose(budget, sampling, generator, self.policy.stop_fn())
-            logits, features = target.extend(torch.cat([torch.tensor([last_token]), draft.tokens]))
-            n_accepted, next_token = self._verify(logits, draft, sampling, generator)
-            stats.record_round(len(draft), n_accepted)
+            # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
+            shape = self.policy.shape().capped(max_new_tokens - len(generated) - 1)
+            draft = self.drafter.propose(
+                shape, sampling, generator, self.policy.stop_fn(), self.policy.acceptance_fn()
+            )
+            draft = self.policy.trim(draft)
+            committed = target.length
+            # Row 0 is the newest committed token, the tree's root; node i is row 1 + i.
+            block = torch.cat([torch.tensor([last_token]), draft.tokens])
+            logits, features = target.extend_tree(
+                block, torch.cat([torch.tensor([-1]), draft.parents + 1])
+            )
+            path, next_token = self._verify(logits, draft, sampling, generator)
+            stats.record_round(draft, len(path))
             if on_round is not None:
-                on_round(RoundRecord(draft, logits, n_accepted, sampling))
-            new_tokens = draft.tokens[:n_accepted].tolist() + [next_token]
-            # Drop the rejected positions: the cache keeps every committed token but the newest.
-            target.rollback(target.length - (len(draft) - n_accepted))
-            kept_features = None if features is None else features[: n_accepted + 1]
-            self.drafter.commit(torch.tensor(new_tokens), kept_features)
+                on_round(RoundRecord(draft, logits, path, sampling))
+            # Keep the root's row and the accepted path's: every committed token but the newest.
+            rows = torch.tensor([0, *(1 + i for i in path)])
+            target.keep(committed, committed + rows)
+            new_tokens = [*draft.tokens[path].tolist(), next_token]
+            self.drafter.commit(
+                torch.tensor(new_tokens), None if features is None else features[rows]
+            )
             generated.extend(new_tokens)
             last_token = next_token
             end = self._end_of_generation(generated, len(generated) - len(new_tokens), stop_strings)
@@ -197,11 +216,10 @@ class SpeculativeDecoder:
         draft: Draft,
         sampling: SamplingParams,
         generator: torch.Generator | None,
-    ) -> tuple[int, int]:
+    ) -> tuple[list[int], int]:
         if sampling.greedy:
-            return verify_greedy(logits, draft.tokens)
-        probs = probabilities(logits, sampling)
-        return verify_sampling(probs, draft.tokens, draft.probs, generator)
+            return verify_greedy(logits, draft)
+        return verify_sampling(probabilities(logits, sampling), draft, generator)
 
     def _end_of_generation(
         self, generated: list[int], first_new: int, stop_strings: Sequence[str] | None

@@ -1,4 +1,4 @@
-"""Draft-length policies: how many tokens to draft each round."""
+"""Draft-length policies: how large a draft (chain or tree) to propose each round."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
-from draftsmith.heads.base import StopFn
+from draftsmith.decoding.profile import CostCurve, best_budget
+from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape
 
 
 @dataclass(kw_only=True)
@@ -28,6 +29,13 @@ class DraftLengthPolicy:
     (0: never stop early)."""
     acceptance: AcceptanceModel | None = None
     """Calibrated P(accept) of a drafted token from its confidence signals; None: raw top-1."""
+    tree: TreeShape | None = None
+    """Draft a tree of this shape (its nodes ranked by `acceptance_fn`); None: a chain of
+    `max_draft_tokens`."""
+    cost: CostCurve | None = None
+    """The target's measured verification cost (`draftsmith profile`): when given, each round's
+    tree is cut to the number of its most valuable nodes that maximises expected accepted tokens
+    per second (`best_budget`)."""
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:
@@ -36,6 +44,36 @@ class DraftLengthPolicy:
             raise ValueError(
                 f"min_path_confidence must be in [0, 1], got {self.min_path_confidence}"
             )
+
+    def shape(self) -> TreeShape:
+        """The draft shape of one round."""
+        return self.tree or TreeShape.chain(self.max_draft_tokens)
+
+    def trim(self, draft: Draft) -> Draft:
+        """draft cut to the size the cost curve favours (unchanged without a curve, or for a
+        draft without node values)."""
+        if self.cost is None or draft.values is None or len(draft) == 0:
+            return draft
+        expected = draft.values.sort(descending=True).values.cumsum(0).tolist()
+        return draft.pruned(best_budget(self.cost, expected))
+
+    def acceptance_fn(self) -> AcceptanceFn | None:
+        """How a drafter ranks tree nodes: None (the raw draft probabilities) without a calibrated
+        acceptance model. With one, a node's calibrated acceptance is that of its distribution's
+        top-1 token, shared among the candidate tokens in proportion to their draft
+        probabilities (so the top-1 token gets it exactly)."""
+        if self.acceptance is None:
+            return None
+
+        def calibrated(logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor):
+            signals = confidence_signals(logits)
+            signals["position"] = depth.float()
+            signals["path_prob"] = path_prob.float()
+            top1 = self.acceptance.predict_signals(signals).float()
+            probs = logits.float().softmax(-1)
+            return probs * (top1 / signals["top1_prob"].clamp_min(1e-12))[:, None]
+
+        return calibrated
 
     def acceptance_prob(self, signals: dict[str, torch.Tensor]) -> torch.Tensor:
         """P(the target accepts each drafted token) (k,) from `confidence_signals` output."""

@@ -1,10 +1,20 @@
-"""Verification of a draft against the target's distributions.
+"""Verification of a draft tree against the target's distributions, one target forward per round.
 
-Greedy: accept while the draft token is the target's argmax, then emit the target's argmax.
-Sampling: the rejection rule of Leviathan et al. (2023) / Chen et al. (2023): accept draft token x
-with probability min(1, p(x) / q(x)); on rejection draw from norm(max(0, p - q)); if every draft
-token is accepted draw a bonus token from the target's next distribution. The emitted tokens are
-then distributed exactly as the target's own samples.
+Rows of the target's output: row 0 is the prediction after the newest committed token (the
+tree's root), row 1 + i the prediction after draft node i.
+
+Greedy: the longest root path whose every token is the target's argmax after its parent, then the
+target's argmax after the path. Siblings carry distinct tokens, so at most one child matches.
+
+Sampling: the rejection rule of Leviathan et al. (2023) / Chen et al. (2023), applied at each node
+to its children in draft order (multi-candidate, as SpecInfer): child x, drawn from q, is accepted
+with probability min(1, p(x) / q(x)); on rejection the target side becomes the residual
+norm(max(0, p - q)) and the next child is tried against it. A child that was drawn after its
+elder siblings without replacement carries that q (without them, renormalised) as its
+`Draft.probs` row; a deterministic child is one-hot. When no child is accepted the next token is
+drawn from what is left of p; after an accepted leaf, from the target's next distribution. The
+emitted tokens are then distributed exactly as the target's own samples. A chain is the tree with
+one child per node, where this is the classic rule.
 """
 
 from __future__ import annotations
@@ -12,52 +22,52 @@ from __future__ import annotations
 import torch
 
 from draftsmith.core.sampling import sample
+from draftsmith.heads.base import Draft
 
 
-def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int]:
-    """target_logits (k+1, V), draft_tokens (k,) -> (number accepted, the target's next token)."""
-    target_tokens = target_logits.argmax(-1)
-    k = draft_tokens.numel()
-    mismatch = (target_tokens[:k] != draft_tokens).nonzero()
-    n_accepted = int(mismatch[0]) if mismatch.numel() else k
-    return n_accepted, int(target_tokens[n_accepted])
+def verify_greedy(target_logits: torch.Tensor, draft: Draft) -> tuple[list[int], int]:
+    """target_logits (k+1, V) -> (the accepted path's nodes, the target's next token)."""
+    target_tokens = target_logits.argmax(-1).tolist()
+    tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+    path, node = [], -1
+    # Nodes come in topological order: a matching child of the path's end extends the path.
+    for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
+        if parent == node and token == target_tokens[node + 1]:
+            path.append(i)
+            node = i
+    return path, target_tokens[node + 1]
 
 
 def verify_sampling(
-    target_probs: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    generator: torch.Generator | None,
-) -> tuple[int, int]:
-    """Speculative sampling.
-
-    target_probs (k+1, V) processed target distributions p; draft_tokens (k,); draft_probs (k, V)
-    the distributions q the tokens were drawn from, or None for a deterministic draft (one-hot q).
-    Returns (number accepted, the next token drawn from the target side).
-    """
-    k = draft_tokens.numel()
-    # One uniform per draft token, drawn up front so the random stream does not depend on outcomes.
-    uniforms = torch.rand(k, generator=generator)
-    for i in range(k):
-        token = int(draft_tokens[i])
-        p = target_probs[i]
-        q = _draft_distribution(draft_probs, i, token, p.shape[-1])
-        q_token = float(q[token])
-        if q_token > 0 and float(uniforms[i]) < min(1.0, float(p[token]) / q_token):
-            continue
-        residual = (p - q).clamp_min(0)
-        total = float(residual.sum())
-        # p == q leaves no residual mass; then rejection has probability 0 and this is unreachable
-        # in exact arithmetic, so fall back to p.
-        return i, sample(residual / total if total > 0 else p, generator)
-    return k, sample(target_probs[k], generator)
+    target_probs: torch.Tensor, draft: Draft, generator: torch.Generator | None
+) -> tuple[list[int], int]:
+    """target_probs (k+1, V) processed target distributions p -> (the accepted path's nodes, the
+    next token drawn from the target side)."""
+    # One uniform per node, drawn up front so the random stream does not depend on outcomes.
+    uniforms = torch.rand(len(draft), generator=generator).tolist()
+    path, node = [], -1
+    while True:
+        p = target_probs[node + 1]
+        for child in draft.children(node):
+            token = int(draft.tokens[child])
+            q = _draft_distribution(draft, child, p.shape[-1])
+            q_token = float(q[token])
+            if q_token > 0 and uniforms[child] < min(1.0, float(p[token]) / q_token):
+                path.append(child)
+                node = child
+                break
+            residual = (p - q).clamp_min(0)
+            total = float(residual.sum())
+            # p == q leaves no residual, but then rejection has probability 0: unreachable in
+            # exact arithmetic, so keep p.
+            p = residual / total if total > 0 else p
+        else:
+            return path, sample(p, generator)
 
 
-def _draft_distribution(
-    draft_probs: torch.Tensor | None, index: int, token: int, vocab_size: int
-) -> torch.Tensor:
-    if draft_probs is not None:
-        return draft_probs[index]
+def _draft_distribution(draft: Draft, node: int, vocab_size: int) -> torch.Tensor:
+    if draft.probs is not None:
+        return draft.probs[node]
     one_hot = torch.zeros(vocab_size)
-    one_hot[token] = 1.0
+    one_hot[int(draft.tokens[node])] = 1.0
     return one_hot

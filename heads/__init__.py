@@ -4,9 +4,12 @@ Importing this package registers every built-in kind: the draft-model and n-gram
 the trainable heads (medusa, mtp, eagle, eagle3, distilled), each with its typed config."""
 
 from draftsmith.heads.base import (
+    AcceptanceFn,
     Draft,
     Drafter,
+    DraftRequest,
     StopFn,
+    TreeShape,
     drafter_class,
     drafter_kinds,
     register_drafter,
@@ -30,9 +33,11 @@ from draftsmith.heads.trainable import (
 from draftsmith.heads.vocab import DraftVocabConfig, build_draft_vocab
 
 __all__ = [
+    "AcceptanceFn",
     "DistilledConfig",
     "DistilledHead",
     "Draft",
+    "DraftRequest",
     "DraftHead",
     "DraftModelDrafter",
     "DraftVocabConfig",
@@ -49,6 +54,7 @@ __all__ = [
     "NgramDrafter",
     "StepsConfig",
     "StopFn",
+    "TreeShape",
     "build_draft_vocab",
     "build_head",
     "drafter_class",

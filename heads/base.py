@@ -10,30 +10,116 @@ for every position it has run, and it has run every committed token except the n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.tree import chain_parents, check_parents, is_chain, tree_depths
 
 StopFn = Callable[[int, torch.Tensor], bool]
-"""stop(position, draft_logits (V,)) -> True to end the draft after the token just proposed."""
+"""stop(position, draft_logits (V,)) -> True to end a chain draft after the token just proposed."""
+
+AcceptanceFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""acceptance(logits (m, V), depth (m,), path_prob (m,)) -> (m, V): for m tree nodes about to get
+children, the estimated probability that the target accepts each token as a child, given that the
+node's path was accepted. depth is the children's 0-based depth, path_prob the product of the
+draft's top-1 probabilities along the node's path (the confidence signals' `position` and
+`path_prob`). A draft policy supplies it (calibrated when the artifact is); drafters only rank
+tree nodes with it."""
+
+
+def raw_acceptance(
+    logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor
+) -> torch.Tensor:
+    """`AcceptanceFn` of an uncalibrated drafter: its own draft probabilities softmax(logits)."""
+    return logits.float().softmax(-1)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How large a draft tree to propose: the EAGLE-2 dynamic tree's budget.
+
+    Each of `depth` rounds expands the `top_k` most valuable nodes of the newest depth with
+    `top_k` children each; the tree keeps the `total_tokens` most valuable nodes (parents always
+    kept). top_k == 1 is a chain of `depth` tokens.
+    """
+
+    top_k: int = 1
+    depth: int = 8
+    total_tokens: int | None = None
+    """None: every node drafted (top_k + (depth - 1) * top_k**2 at most)."""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.depth < 0:
+            raise ValueError(f"a tree needs top_k >= 1 and depth >= 0, got {self}")
+        if self.total_tokens is not None and self.total_tokens < 0:
+            raise ValueError(f"total_tokens must be >= 0, got {self.total_tokens}")
+
+    @classmethod
+    def chain(cls, length: int) -> TreeShape:
+        return cls(top_k=1, depth=length, total_tokens=length)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.top_k == 1
+
+    @property
+    def max_tokens(self) -> int:
+        """The most nodes a tree of this shape holds."""
+        drafted = self.top_k + max(self.depth - 1, 0) * self.top_k**2 if self.depth else 0
+        return drafted if self.total_tokens is None else min(drafted, self.total_tokens)
+
+    def capped(self, tokens: int) -> TreeShape:
+        """This shape with at most `tokens` nodes and at most that depth."""
+        total = min(self.max_tokens, tokens)
+        return TreeShape(top_k=self.top_k, depth=min(self.depth, tokens), total_tokens=total)
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a round asks of a drafter."""
+
+    shape: TreeShape
+    sampling: SamplingParams
+    generator: torch.Generator | None = None
+    stop: StopFn | None = None
+    """Ends a chain early after the token just proposed (trees ignore it)."""
+    acceptance: AcceptanceFn = raw_acceptance
+    """Ranks a tree's nodes."""
 
 
 @dataclass
 class Draft:
-    """Proposed continuation of the committed sequence."""
+    """A draft tree: proposed continuations of the committed sequence. Nodes are in topological
+    order (a parent before its children) and siblings carry distinct tokens. A chain is the tree
+    whose every node has one child."""
 
     tokens: torch.Tensor
     """(k,) int64 proposed token ids, k >= 0."""
     probs: torch.Tensor | None = None
-    """(k, V) draft distribution q each token was drawn from, after the same sampling processing
-    as the target's. None means the tokens were chosen deterministically (one-hot q)."""
+    """(k, V) per node, the draft distribution q the token was drawn from, after the same sampling
+    processing as the target's; for siblings drawn one after another without replacement, q
+    without the earlier siblings, renormalised. None means the tokens were chosen
+    deterministically (one-hot q)."""
     logits: torch.Tensor | None = None
-    """(k, V) raw draft logits, the source of confidence signals. None for drafters without a
-    distribution (n-gram)."""
+    """(k, V) per node, the raw draft logits it was chosen from (its parent's prediction), the
+    source of confidence signals. None for drafters without a distribution (n-gram)."""
+    parents: torch.Tensor | None = None
+    """(k,) int64 per node, the index of its parent node, or -1 for a child of the newest
+    committed token. None (the default) builds a chain."""
+    values: torch.Tensor | None = None
+    """(k,) per node, the estimated probability that the target accepts its whole path (the
+    `AcceptanceFn` multiplied along it), never above its parent's; None when not estimated."""
+
+    def __post_init__(self) -> None:
+        if self.parents is None:
+            self.parents = chain_parents(len(self))
+        check_parents(self.parents)
+        if self.parents.numel() != len(self):
+            raise ValueError(f"{len(self)} draft tokens but {self.parents.numel()} parents")
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -41,6 +127,63 @@ class Draft:
     @classmethod
     def empty(cls) -> Draft:
         return cls(tokens=torch.empty(0, dtype=torch.long))
+
+    @property
+    def is_chain(self) -> bool:
+        return is_chain(self.parents)
+
+    @property
+    def depths(self) -> torch.Tensor:
+        """(k,) 1-based depth of each node: 1 for the children of the newest committed token."""
+        return tree_depths(self.parents) + 1
+
+    def pruned(self, size: int) -> Draft:
+        """The `size` most valuable nodes (by `values`; ties: shallower, then earlier, first),
+        which keep every parent since no node is worth more than its parent."""
+        if size >= len(self) or self.values is None:
+            return self
+        order = sorted(
+            range(len(self)), key=lambda i: (-float(self.values[i]), int(self.depths[i]), i)
+        )
+        return self.subtree(sorted(order[:size]))
+
+    def subtree(self, nodes: Sequence[int]) -> Draft:
+        """The draft of `nodes` (ascending, each node's parent among them), renumbered."""
+        index = torch.tensor(nodes, dtype=torch.long)
+        renumber = {old: new for new, old in enumerate(nodes)}
+        parents = [renumber.get(int(self.parents[i]), -1) for i in nodes]
+        if any(int(self.parents[i]) >= 0 and int(self.parents[i]) not in renumber for i in nodes):
+            raise ValueError("a subtree must keep every kept node's parent")
+        return Draft(
+            tokens=self.tokens[index],
+            probs=None if self.probs is None else self.probs[index],
+            logits=None if self.logits is None else self.logits[index],
+            parents=torch.tensor(parents, dtype=torch.long),
+            values=None if self.values is None else self.values[index],
+        )
+
+    def children(self, node: int) -> list[int]:
+        """The children of `node` (-1: of the newest committed token), in draft order."""
+        return (self.parents == node).nonzero().flatten().tolist()
+
+    def path_to(self, node: int) -> list[int]:
+        """The nodes from the root's child down to `node` (empty for -1)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = int(self.parents[node])
+        return path[::-1]
+
+    def path_of(self, tokens: Sequence[int]) -> list[int]:
+        """The nodes along which tokens follow the tree from the root, as far as they do."""
+        path, node = [], -1
+        for token in tokens:
+            match = [c for c in self.children(node) if int(self.tokens[c]) == token]
+            if not match:
+                break
+            node = match[0]
+            path.append(node)
+        return path
 
 
 class Drafter(ABC):
@@ -58,19 +201,33 @@ class Drafter(ABC):
         prompt_ids (T,); target_features (T-1, F) for all prompt tokens but the last, or None.
         """
 
-    @abstractmethod
     def propose(
         self,
-        max_draft_tokens: int,
+        shape: TreeShape | int,
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
+        acceptance: AcceptanceFn | None = None,
     ) -> Draft:
-        """Propose up to max_draft_tokens tokens after the committed sequence.
+        """Propose a draft tree of at most `shape` after the committed sequence (an int: a chain of
+        at most that many tokens).
 
-        Under sampling the tokens must be drawn from the returned `probs` (or be deterministic with
-        `probs=None`), or the verification would not preserve the target's distribution.
+        stop ends a chain early (trees ignore it); acceptance ranks a tree's nodes (default: the
+        raw draft probabilities). Under sampling every token must be drawn from its node's `probs`
+        (or be deterministic, `probs=None`), or verification would not preserve the target's
+        distribution.
         """
+        if isinstance(shape, int):
+            shape = TreeShape.chain(shape)
+        if shape.max_tokens == 0:
+            return Draft.empty()
+        return self.draft(
+            DraftRequest(shape, sampling, generator, stop, acceptance or raw_acceptance)
+        )
+
+    @abstractmethod
+    def draft(self, request: DraftRequest) -> Draft:
+        """`propose` for a shape of at least one token."""
 
     @abstractmethod
     def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
-from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import TargetBatch
-from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
+from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
 from draftsmith.heads.blocks import (
     DecoderBlock,
     SharesTargetParts,
@@ -31,6 +30,7 @@ from draftsmith.heads.blocks import (
 )
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
 from draftsmith.heads.trainable import DraftHead, StepsConfig
+from draftsmith.heads.tree import DynamicTree, TreeRows
 
 
 def unrolled_mask(rows: int, step: int) -> torch.Tensor:
@@ -202,7 +202,8 @@ class FeatureDrafter(Drafter):
 
     Each round first runs the rows of the tokens committed since the last round on their real
     target features (the feature before the newest token is the latest there is), then drafts
-    autoregressively on predicted features. Rows built on predicted features are dropped at the
+    autoregressively on predicted features: a chain, or an EAGLE-2 dynamic tree whose nodes of
+    one depth run in one step with a tree attention mask. Rows built on predicted features are dropped at the
     end of the round, since the accepted ones are rebuilt from real features next round; so the
     cache only ever holds committed rows and the accepted prefix is never recomputed.
     """
@@ -224,27 +225,40 @@ class FeatureDrafter(Drafter):
         self._newest = None
 
     @torch.inference_mode()
-    def propose(
-        self,
-        max_draft_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None = None,
-        stop: StopFn | None = None,
-    ) -> Draft:
-        builder = DraftBuilder(max_draft_tokens, sampling, generator, stop)
-        if builder.done:
-            return Draft.empty()
+    def draft(self, request: DraftRequest) -> Draft:
         hidden = self._catch_up()
         committed_rows = len(self._own)
+        if request.shape.is_chain:
+            draft = self._chain(hidden, DraftBuilder(request))
+        else:
+            draft = self._tree(hidden, DynamicTree(request.shape, request.acceptance))
+        # Rows built on predicted features go: accepted ones are rebuilt on real features.
+        self._own.keep(committed_rows)
+        return draft
+
+    def _chain(self, hidden: torch.Tensor, builder: DraftBuilder) -> Draft:
         while True:
-            token = builder.add(self._target_logits(hidden))
+            token = builder.add(self._target_logits(hidden)[0])
             if builder.done:
-                break
+                return builder.draft()
             position = torch.tensor([len(self._own)])
             hidden = self.head.step(hidden, self._ids([token]), position, None, self._own.kv)
             self._own.extend([token])
-        self._own.keep(committed_rows)
-        return builder.draft()
+
+    def _tree(self, hidden: torch.Tensor, tree: DynamicTree) -> Draft:
+        rows = TreeRows(tree, len(self._own))
+        predicted = {-1: hidden[0, -1]}  # node -> the feature its row predicts (H,)
+
+        def expand(nodes: list[int]) -> torch.Tensor:
+            positions, visible = rows.add(nodes)
+            tokens = [tree.tokens[n] for n in nodes]
+            inputs = torch.stack([predicted[tree.parents[n]] for n in nodes])[None]
+            out = self.head.step(inputs, self._ids(tokens), positions, visible, self._own.kv)
+            self._own.extend(tokens)
+            predicted.update({n: out[0, i] for i, n in enumerate(nodes)})
+            return self._target_logits(out)
+
+        return tree.grow(self._target_logits(hidden)[0], expand)
 
     def _catch_up(self) -> torch.Tensor:
         """Run the committed rows not yet cached on their real features; returns the predicted
@@ -264,10 +278,10 @@ class FeatureDrafter(Drafter):
         return torch.tensor([tokens], dtype=torch.long)
 
     def _target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(1, 1, H) -> logits (V,) over the target vocabulary."""
-        return to_target_vocab(self.head.logits(hidden)[0, -1].float(), self._d2t, self.vocab_size)
+        """Predicted features (1, k, H) -> logits (k, V) over the target vocabulary."""
+        return to_target_vocab(self.head.logits(hidden)[0].float(), self._d2t, self.vocab_size)
 
     def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
-        # The cache holds committed rows only (see propose): nothing to roll back.
+        # The cache holds committed rows only (see draft): nothing to roll back.
         self._committed.extend(tokens.tolist())
         self._features.append(target_features, tokens.numel())

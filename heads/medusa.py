@@ -9,18 +9,18 @@ which the target already gave.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import TargetBatch
-from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
+from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
 from draftsmith.heads.blocks import SharesTargetParts, TargetParts, seeded, text_config
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, to_target_vocab
 from draftsmith.heads.trainable import DraftHead, StepsConfig
+from draftsmith.heads.tree import DynamicTree
 from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
 
 
@@ -94,8 +94,9 @@ class MedusaHead(DraftVocabulary, SharesTargetParts, DraftHead):
 
 
 class MedusaDrafter(Drafter):
-    """Proposes up to K - 1 tokens per round from the feature before the newest token. Its only
-    state is that feature, so a rejection needs no rollback."""
+    """Proposes up to K - 1 tokens deep per round from the feature before the newest token: a
+    chain of each head's choice, or a tree of each head's top-k. Its only state is that feature,
+    so a rejection needs no rollback."""
 
     def __init__(self, head: MedusaHead, vocab_size: int) -> None:
         self.head = head.eval()
@@ -109,23 +110,29 @@ class MedusaDrafter(Drafter):
         self._features.release(len(self._features) - 1)  # only the newest row is ever read
 
     @torch.inference_mode()
-    def propose(
-        self,
-        max_draft_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None = None,
-        stop: StopFn | None = None,
-    ) -> Draft:
+    def draft(self, request: DraftRequest) -> Draft:
         newest = len(self._features) - 1
-        builder = DraftBuilder(
-            min(max_draft_tokens, self.head.num_steps - 1), sampling, generator, stop
-        )
-        if builder.done or newest == 0:  # a one-token prompt: no feature to read yet
+        if newest == 0:  # a one-token prompt: no feature to read yet
             return Draft.empty()
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
-        for k in range(1, self.head.num_steps):
+
+        def head_logits(k: int) -> torch.Tensor:
+            """Head k's logits (V,): its guess at the token k ahead of the newest one."""
             logits = self.head.head_logits(feature, k)[0, -1].float()
-            builder.add(to_target_vocab(logits, self._d2t, self.vocab_size))
+            return to_target_vocab(logits, self._d2t, self.vocab_size)
+
+        depth = min(request.shape.depth, self.head.num_steps - 1)
+        if not request.shape.is_chain:
+            # Heads do not see the tokens before theirs: every node of one depth gets head
+            # depth + 1's top-k, and the tree keeps the most valuable combinations.
+            tree = DynamicTree(replace(request.shape, depth=depth), request.acceptance)
+            return tree.grow(
+                head_logits(1),
+                lambda nodes: head_logits(tree.depths[nodes[0]] + 1).expand(len(nodes), -1),
+            )
+        builder = DraftBuilder(request, depth)
+        for k in range(1, depth + 1):
+            builder.add(head_logits(k))
             if builder.done:
                 break
         return builder.draft()

@@ -18,9 +18,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import TargetBatch
-from draftsmith.heads.base import Draft, Drafter, StopFn, register_drafter
+from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
 from draftsmith.heads.blocks import (
     DecoderBlock,
     SharesTargetParts,
@@ -147,16 +146,9 @@ class MTPDrafter(Drafter):
         self._features.start(target_features, prompt_ids.numel())
 
     @torch.inference_mode()
-    def propose(
-        self,
-        max_draft_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None = None,
-        stop: StopFn | None = None,
-    ) -> Draft:
-        builder = DraftBuilder(
-            min(max_draft_tokens, self.head.num_steps), sampling, generator, stop
-        )
+    def draft(self, request: DraftRequest) -> Draft:
+        # A chain of up to K tokens, also when a tree is asked for (MTP trees are not built yet).
+        builder = DraftBuilder(request, min(request.shape.depth, self.head.num_steps))
         self._drop_uncommitted()  # rows built on an earlier, uncommitted draft
         sequence = list(self._committed)  # grows by each drafted token
         newest = len(self._committed) - 1

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from draftsmith.core.cache import crop_cache
-from draftsmith.core.sampling import SamplingParams, probabilities, sample
-from draftsmith.heads.base import Draft, StopFn
+from draftsmith.core.cache import crop_cache, keep_cache_rows
+from draftsmith.core.sampling import probabilities, sample
+from draftsmith.heads.base import Draft, DraftRequest
 
 
 class OwnCache:
@@ -47,6 +47,15 @@ class OwnCache:
                 break
             count += 1
         return count
+
+    def gather(self, first: int, rows: Sequence[int]) -> None:
+        """Keep the rows before `first` and then `rows` (ascending, >= first), in that order: a
+        tree's accepted path, gathered rather than recomputed."""
+        keep_cache_rows(self.kv, first, torch.tensor(rows, dtype=torch.long))
+        kept = [*range(first), *rows]
+        self.tokens = [self.tokens[i] for i in kept]
+        if self.outputs is not None:
+            self.outputs = self.outputs[torch.tensor(kept, dtype=torch.long)]
 
     def keep(self, rows: int) -> None:
         """Drop every row at or after `rows`."""
@@ -116,17 +125,14 @@ class DraftBuilder:
     processing as the target's), which is what keeps rejection sampling exact.
     """
 
-    def __init__(
-        self,
-        max_draft_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        stop: StopFn | None,
-    ) -> None:
-        self.max_draft_tokens = max_draft_tokens
-        self.sampling = sampling
-        self.generator = generator
-        self.stop = stop
+    def __init__(self, request: DraftRequest, max_draft_tokens: int | None = None) -> None:
+        """A chain for request of at most max_draft_tokens (default: the request's depth)."""
+        self.max_draft_tokens = (
+            request.shape.depth if max_draft_tokens is None else max_draft_tokens
+        )
+        self.sampling = request.sampling
+        self.generator = request.generator
+        self.stop = request.stop
         self.tokens: list[int] = []
         self._logits: list[torch.Tensor] = []
         self._probs: list[torch.Tensor] = []

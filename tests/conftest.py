@@ -14,7 +14,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from draftsmith.core.sampling import SamplingParams, probabilities
+from draftsmith.core.sampling import probabilities
 from draftsmith.heads.base import Draft, Drafter
 
 torch.set_num_threads(2)
@@ -88,7 +88,10 @@ class MarkovTarget(torch.nn.Module):
         super().__init__()
         self.table = table  # (V, V) logits of the next token given the previous one
         self.config = PretrainedConfig(vocab_size=table.shape[0], max_position_embeddings=64)
+        # Attention is trivial here (the logits read one token), so a tree mask holds as given.
+        self.config._attn_implementation = "eager"
         self.generation_config = GenerationConfig(eos_token_id=None)
+        self.dtype = torch.float32
 
     @property
     def device(self) -> torch.device:
@@ -117,15 +120,13 @@ class TableDrafter(Drafter):
     def start(self, prompt_ids, target_features=None) -> None:
         pass
 
-    def propose(
-        self, max_draft_tokens, sampling: SamplingParams, generator=None, stop=None
-    ) -> Draft:
-        logits = self.logits[:max_draft_tokens]
+    def draft(self, request) -> Draft:
+        logits, sampling = self.logits[: request.shape.depth], request.sampling
         probs = probabilities(logits, sampling)
         if sampling.greedy:
             tokens = logits.argmax(-1)
         else:
-            tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            tokens = torch.multinomial(probs, 1, generator=request.generator)[:, 0]
         return Draft(tokens=tokens, probs=None if sampling.greedy else probs, logits=logits)
 
     def commit(self, tokens, target_features=None) -> None:
@@ -145,8 +146,8 @@ class OracleDrafter(Drafter):
     def start(self, prompt_ids, target_features=None) -> None:
         self.committed = 0
 
-    def propose(self, max_draft_tokens, sampling, generator=None, stop=None) -> Draft:
-        upcoming = self.reference[self.committed : self.committed + max_draft_tokens]
+    def draft(self, request) -> Draft:
+        upcoming = self.reference[self.committed : self.committed + request.shape.depth]
         tokens = [
             t if i < self.correct else (t + 1) % self.vocab_size for i, t in enumerate(upcoming)
         ]

@@ -29,6 +29,7 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding.benchmark import Aggregate, PromptResult, PromptRun, format_table
 from draftsmith.decoding.decoder import GenerationStats
+from draftsmith.heads import Draft
 
 TRAINING = {"recipe": {"data": {"name": "tiny"}}, "steps": 5, "metrics": {"top1": 0.5}}
 
@@ -330,11 +331,11 @@ def test_artifact_spec_builds_a_drafter_without_a_hugging_face_counterpart(artif
 
 def test_benchmark_report_without_hugging_face_counterpart():
     stats = GenerationStats()
-    stats.record_round(2, 1)
+    stats.record_round(Draft(tokens=torch.tensor([1, 2])), 1)
     stats.finish(new_tokens=2, wall_s=0.5)
     run = PromptRun(tokens=[1, 2], wall_s=1.0)
     aggregate = Aggregate([PromptResult(0, "code", run, None, PromptRun([1, 2], 0.5), stats)])
-    summary = aggregate.summary(greedy=True, dtype=torch.float32)
+    summary = aggregate.summary(greedy=True)
     assert summary["hf_tok_s"] is None and summary["speedup_vs_hf"] is None
     assert summary["hf_speedup_vs_plain"] is None and summary["hf_identical_to_plain"] is None
     assert summary["speedup_vs_plain"] == pytest.approx(2.0)

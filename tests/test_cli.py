@@ -369,3 +369,26 @@ def test_a_field_of_one_value_or_several_takes_either():
     assert one.source == "a"
     many = parser.parse_args(["--target", "t", "--out", "o", "--source", "a.jsonl", "b.jsonl"])
     assert from_flags(PrepareDataCommand, many).source == ["a.jsonl", "b.jsonl"]
+
+
+def test_bad_tree_spec(tmp_path, capsys):
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, [*bench("unused", "ngram", file), "--tree", "3,4"])
+    assert "--tree '3,4': give chain, auto or TOP_K,DEPTH,TOTAL" in line
+
+
+def test_bench_with_an_auto_tree_profiles_once_and_plots(models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    file = prompts(tmp_path, '{"prompt": "def f(x):"}', '{"prompt": "hello", "workload": "chat"}')
+    png = tmp_path / "sweep.png"
+    argv = bench(models / "target", f"artifact:{models / 'drafter'}", file)
+    argv += ["--tree", "auto", "--plot", str(png), "--max-new-tokens", "6", "--dtype", "float32"]
+    main(argv)
+    assert "measuring" in capsys.readouterr().out
+    assert list((tmp_path / "home" / "profiles").glob("*.json"))
+    assert png.stat().st_size > 0
+    main([*argv, "--json", str(tmp_path / "r.json")])
+    assert "measuring" not in capsys.readouterr().out  # the stored curve is reused
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["overall"]["identical_to_plain"] is True
+    assert [p["size"] for p in report["tree_sweep"]][:3] == [1, 2, 4]

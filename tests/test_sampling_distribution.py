@@ -17,7 +17,7 @@ from scipy.stats import chisquare
 from draftsmith import DraftLengthPolicy, SpeculativeDecoder
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import verify_sampling
-from draftsmith.heads import DraftModelDrafter
+from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
 
 V = 6
 N = 12_000
@@ -43,14 +43,13 @@ def _first_token_counts(p, q, one_hot_token=None, resample_from_p=False, seed=0)
     target_probs = torch.stack([p, p])
     for _ in range(N):
         if one_hot_token is None:
-            draft = torch.tensor([sample(q, gen)])
-            draft_probs = q[None]
+            draft = Draft(tokens=torch.tensor([sample(q, gen)]), probs=q[None])
         else:
-            draft, draft_probs = torch.tensor([one_hot_token]), None
-        n_accepted, next_token = verify_sampling(target_probs, draft, draft_probs, gen)
-        if n_accepted == 0 and resample_from_p:  # a classic bug: ignore the residual
+            draft = Draft(tokens=torch.tensor([one_hot_token]))
+        path, next_token = verify_sampling(target_probs, draft, gen)
+        if not path and resample_from_p:  # a classic bug: ignore the residual
             next_token = sample(p, gen)
-        counts[int(draft[0]) if n_accepted else next_token] += 1
+        counts[int(draft.tokens[0]) if path else next_token] += 1
     return counts
 
 
@@ -153,4 +152,126 @@ def test_three_token_sequences_follow_the_target(name, drafter_kind):
         drafted += result.stats.drafted
         accepted += result.stats.accepted
     assert 0 < accepted < drafted  # both branches of the rejection rule were exercised
+    assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
+
+
+# -- trees ---------------------------------------------------------------------------------------
+
+
+def _without_replacement(q: torch.Tensor, count: int, gen, renormalise: bool = True):
+    """Draw count distinct tokens from q one after another; each with the distribution it was
+    drawn from (q without the earlier ones, renormalised). renormalise=False records plain q
+    instead: the bug the negative control plants."""
+    tokens, dists, left = [], [], q.clone()
+    for _ in range(min(count, int((q > 0).sum()))):
+        dist = left / left.sum()
+        token = sample(dist, gen)
+        tokens.append(token)
+        dists.append(dist if renormalise else q)
+        left[token] = 0
+    return tokens, dists
+
+
+class SampledTreeDrafter(TableDrafter):
+    """Drafts a tree whose depth-d nodes each get branching[d] children drawn without
+    replacement from the depth's processed logits."""
+
+    def __init__(self, logits: torch.Tensor, branching: tuple[int, ...], renormalise=True) -> None:
+        super().__init__(logits)
+        self.branching = branching
+        self.renormalise = renormalise
+
+    def draft(self, request) -> Draft:
+        tokens, parents, probs = [], [], []
+        frontier = [-1]
+        for depth, count in enumerate(self.branching[: request.shape.depth]):
+            q = probabilities(self.logits[depth], request.sampling)
+            grown = []
+            for parent in frontier:
+                drawn, dists = _without_replacement(q, count, request.generator, self.renormalise)
+                for token, dist in zip(drawn, dists, strict=True):
+                    grown.append(len(tokens))
+                    tokens.append(token)
+                    parents.append(parent)
+                    probs.append(dist)
+            frontier = grown
+        return Draft(
+            tokens=torch.tensor(tokens),
+            probs=torch.stack(probs),
+            logits=self.logits[[0] * len(tokens)],
+            parents=torch.tensor(parents),
+        )
+
+
+TREE_SHAPES = {"fan-3": (3,), "2x2": (2, 2), "3-1-2": (3, 1, 2)}
+
+
+def _first_token_counts_tree(p, q, siblings, renormalise=True, seed=0):
+    """Emit the first token of a round N times; the root has `siblings` children drawn from q
+    without replacement (or one-hot children: the top `siblings` of q, when renormalise is None)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = Counter()
+    target_probs = p.expand(siblings + 1, -1)
+    for _ in range(N):
+        if renormalise is None:
+            draft = Draft(tokens=q.topk(siblings).indices, parents=torch.full((siblings,), -1))
+        else:
+            tokens, dists = _without_replacement(q, siblings, gen, renormalise)
+            draft = Draft(
+                tokens=torch.tensor(tokens),
+                probs=torch.stack(dists),
+                parents=torch.full((len(tokens),), -1),
+            )
+        path, next_token = verify_sampling(target_probs, draft, gen)
+        counts[int(draft.tokens[path[0]]) if path else next_token] += 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("case", "siblings"),
+    [("overconfident_q", 2), ("q_zero_where_p_positive", 3), ("disjoint_supports", 3)],
+)
+def test_sibling_candidates_preserve_next_token_distribution(case, siblings):
+    p, q = CASES[case]
+    assert _fits(_first_token_counts_tree(p, q, siblings), p, N)
+    assert _fits(_first_token_counts_tree(p, q, siblings, renormalise=None), p, N)
+
+
+def test_negative_control_siblings_verified_against_the_wrong_q_is_detected():
+    p, q = CASES["overconfident_q"]
+    assert not _fits(_first_token_counts_tree(p, q, 3, renormalise=False), p, N)
+
+
+@pytest.mark.parametrize(
+    ("shape", "name"), [("fan-3", "t1"), ("2x2", "t0.7_topk3"), ("3-1-2", "t1")]
+)
+def test_three_token_sequences_follow_the_target_with_trees(shape, name):
+    params = SEQ_PARAMS[name]
+    vocab, n = 4, 3000
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(2))
+    drafter = SampledTreeDrafter(logits, TREE_SHAPES[shape])
+    tree = TreeShape(top_k=2, depth=3)  # any tree shape: this drafter grows its own
+    decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=DraftLengthPolicy(tree=tree))
+    counts = Counter()
+    for seed in range(n):
+        result = decoder.generate(
+            [0], max_new_tokens=3, temperature=params.temperature, top_k=params.top_k, seed=seed
+        )
+        counts[tuple(result.tokens)] += 1
+    assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
+
+
+def test_draft_model_trees_sample_the_target_distribution():
+    params = SEQ_PARAMS["t1"]
+    vocab, n = 4, 3000
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
+    drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
+    policy = DraftLengthPolicy(tree=TreeShape(top_k=2, depth=3, total_tokens=5))
+    decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy)
+    counts = Counter()
+    n = 2000
+    for seed in range(n):
+        result = decoder.generate([0], max_new_tokens=3, temperature=1.0, seed=seed)
+        counts[tuple(result.tokens)] += 1
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)

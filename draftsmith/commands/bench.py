@@ -8,10 +8,14 @@ import sys
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from draftsmith.core.models import Dtype
+from draftsmith.heads.base import TreeShape
 
 BUNDLED_PROMPTS = "bench_prompts.jsonl"
+AUTO_TREE = TreeShape(top_k=8, depth=6, total_tokens=64)
+"""The most `--tree auto` drafts per round, before its cost curve cuts it."""
 
 
 def bundled_prompts() -> Path:
@@ -44,6 +48,15 @@ class BenchCommand:
     min_path_confidence: float = 0.0
     """Stop a draft once its cumulative acceptance probability (calibrated when the artifact has
     a calibration, else the raw top-1 probabilities) falls below this; 0: never stop early."""
+    tree: str = "chain"
+    """The draft each round: chain (up to --draft-tokens tokens), TOP_K,DEPTH,TOTAL (an EAGLE-2
+    dynamic tree: each depth expands the TOP_K most valuable nodes, TOTAL nodes kept), or auto
+    (the tree AUTO_TREE, cut each round to the size that maximises expected accepted tokens per
+    second under the target's measured verification cost: `draftsmith profile`, run here on
+    first use)."""
+    plot: Path | None = None
+    """Also decode the prompts at a range of tree sizes and plot accepted length and tokens/s
+    against tree size to this PNG, marking where auto's budget lands."""
     seed: int = 0
     """Seeds sampling (each prompt and method starts from it)."""
     json: Path | None = None
@@ -64,12 +77,15 @@ class BenchCommand:
 
         prompts = load_prompts(self.prompts, self.limit)
         check_spec(self.drafter)  # a bad drafter fails before the target loads
+        tree = parse_tree(self.tree)
         target, tokenizer = load_model(self.target, dtype=self.dtype)
         built = build_drafter(self.drafter, target, tokenizer, dtype=self.dtype)
         policy = DraftLengthPolicy(
             max_draft_tokens=self.draft_tokens,
             min_path_confidence=self.min_path_confidence,
             acceptance=built.acceptance,
+            tree=AUTO_TREE if tree == "auto" else tree,
+            cost=cost_curve(target, self.target) if tree == "auto" else None,
         )
         decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
         bench = Benchmark(
@@ -90,8 +106,46 @@ class BenchCommand:
         print(format_table(report))
         for d in report["overall"]["divergences"]:
             print(format_divergence(d))
+        if self.plot:
+            from draftsmith.decoding.sweep import plot_tree_sweep, tree_size_sweep
+
+            sweep = tree_size_sweep(bench, prompts, policy.tree or AUTO_TREE)
+            report["tree_sweep"] = sweep
+            plot_tree_sweep(sweep, report["overall"], self.plot)
+            print(f"wrote {self.plot}")
         if self.json:
             self.json.parent.mkdir(parents=True, exist_ok=True)
             self.json.write_text(json.dumps(report, indent=2) + "\n")
             print(f"wrote {self.json}")
         return report
+
+
+def parse_tree(spec: str) -> TreeShape | Literal["auto"] | None:
+    """--tree's value: None for chain, "auto", or the TreeShape of TOP_K,DEPTH,TOTAL."""
+    if spec in ("chain", "auto"):
+        return None if spec == "chain" else "auto"
+    try:
+        top_k, depth, total = (int(part) for part in spec.split(","))
+        return TreeShape(top_k=top_k, depth=depth, total_tokens=total)
+    except ValueError:
+        raise ValueError(
+            f"--tree {spec!r}: give chain, auto or TOP_K,DEPTH,TOTAL (three integers, e.g. 8,6,48)"
+        ) from None
+
+
+def cost_curve(target, name: str):
+    """The target's stored verification cost on this device (`draftsmith profile`), measured and
+    stored now when there is none."""
+    from draftsmith.decoding.profile import CostCurve, profile_target
+
+    path = CostCurve.default_path(name, target.dtype, str(target.device))
+    if path.is_file():
+        return CostCurve.load(path)
+    print(f"measuring {name}'s verification cost for --tree auto (once; kept in {path})")
+    positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 4096
+    max_tokens = AUTO_TREE.max_tokens + 1
+    curve = profile_target(
+        target, max_tokens=max_tokens, context=min(256, positions - max_tokens), name=name
+    )
+    curve.save(path)
+    return curve

@@ -1,7 +1,9 @@
 """The frozen target model: the one place its forward runs, for decoding, training and calibration.
 
 - Incremental (decoding): `Target.extend(tokens)` runs new tokens after the cached positions
-  and returns their logits and features; `Target.rollback(length)` drops rejected positions.
+  and returns their logits and features; `Target.extend_tree(tokens, parents)` runs a draft tree
+  in one forward with a tree attention mask; `Target.rollback(length)` and `Target.keep(first,
+  rows)` drop rejected positions.
 - Batched (training, the feature cache, teacher-forced calibration): `Target.batch(input_ids,
   loss_mask)` runs whole rows once and returns a `TargetBatch` with the loss-mask shift applied.
 
@@ -17,7 +19,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from draftsmith.core.cache import cache_argument, crop_cache
+from draftsmith.core.cache import cache_argument, crop_cache, keep_cache_rows
+from draftsmith.core.tree import is_chain, tree_attention
+
+TREE_ATTENTION = ("eager", "sdpa")
+"""Attention implementations that apply a custom 4D mask as given (tested); others, e.g. flash
+attention, ignore it or build their own, and would verify a tree against the wrong context."""
 
 
 @dataclass
@@ -121,6 +128,29 @@ class Target:
         features = self._features(out.hidden_states)
         return out.logits[0].float(), None if features is None else features[0]
 
+    def extend_tree(
+        self, tokens: torch.Tensor, parents: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run a tree of tokens (m,) after the cached positions in one forward: parents (m,) as
+        `draftsmith.core.tree` (-1: the row continues the cache). Each row sees the cache and its
+        ancestors. A chain runs with the default causal attention. Returns what `extend` does."""
+        if is_chain(parents):
+            return self.extend(tokens)
+        implementation = self.model.config._attn_implementation
+        if implementation not in TREE_ATTENTION:
+            raise ValueError(
+                f"the target runs {implementation!r} attention, which does not apply a draft "
+                f"tree's attention mask: load it with attn_implementation in {TREE_ATTENTION}, "
+                "or decode with a chain"
+            )
+        mask, positions = tree_attention(parents, self.length, self.model.dtype, self.model.device)
+        return self.extend(tokens, attention_mask=mask, position_ids=positions)
+
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached positions."""
         crop_cache(self.cache, length)
+
+    def keep(self, first: int, rows: torch.Tensor) -> None:
+        """Keep the cached positions before `first` and then `rows` (ascending, >= first): the
+        accepted path of a verified tree (see `keep_cache_rows`)."""
+        keep_cache_rows(self.cache, first, rows)

@@ -1,0 +1,70 @@
+"""Token trees in one forward pass: the attention mask and positions of a block of rows that form
+a tree after the cached positions (a draft tree under verification, or its expansion by a drafter).
+
+A block is given by its parents: `parents[i]` is the block row that row i continues (always an
+earlier row), or -1 for a row that directly continues the cached sequence. Row i sees every
+cached position, its ancestors in the block and itself; it sits at the position after its parent.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def chain_parents(length: int) -> torch.Tensor:
+    """(length,) the parents of a chain: every row continues the one before."""
+    return torch.arange(length) - 1
+
+
+def check_parents(parents: torch.Tensor) -> None:
+    """Raise a ValueError unless parents (m,) is int64 and every parent is -1 or an earlier row."""
+    if parents.ndim != 1 or parents.dtype != torch.long:
+        raise ValueError(f"parents must be a 1-D int64 tensor, got {parents.dtype} {parents.shape}")
+    rows = torch.arange(parents.numel())
+    if bool(((parents < -1) | (parents >= rows)).any()):
+        raise ValueError(f"each parent must be -1 or an earlier row, got {parents.tolist()}")
+
+
+def is_chain(parents: torch.Tensor) -> bool:
+    return torch.equal(parents.cpu(), chain_parents(parents.numel()))
+
+
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """(m,) int64 depth of each row: 0 for rows that continue the cache, parent's depth + 1 else."""
+    depth = [0] * parents.numel()
+    for i, parent in enumerate(parents.tolist()):
+        depth[i] = 0 if parent < 0 else depth[parent] + 1
+    return torch.tensor(depth, dtype=torch.long)
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """(m, m) bool: True where row i may attend to row j (j is i or one of i's ancestors)."""
+    mask = torch.eye(parents.numel(), dtype=torch.bool)
+    for i, parent in enumerate(parents.tolist()):
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask
+
+
+def tree_visibility(parents: torch.Tensor, cached: int) -> torch.Tensor:
+    """(m, cached + m) bool: row i sees every cached position, its ancestors and itself."""
+    every_cached = torch.ones(parents.numel(), cached, dtype=torch.bool)
+    return torch.cat([every_cached, ancestor_mask(parents)], dim=1)
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """visible (m, S) bool -> (1, 1, m, S) additive attention mask: 0 where a row may attend, the
+    dtype's minimum elsewhere (eager attention adds it to the scores; SDPA takes it as is)."""
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def tree_attention(
+    parents: torch.Tensor, cached: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keyword inputs of a causal LM's forward over a tree block after `cached` positions:
+    attention_mask (1, 1, m, cached + m) (`additive_mask`) and position_ids (1, m) = cached +
+    depth."""
+    mask = additive_mask(tree_visibility(parents, cached), dtype)
+    positions = cached + tree_depths(parents)
+    return mask.to(device), positions[None].to(device)

@@ -1,0 +1,195 @@
+"""Draft trees: one target forward with a tree mask, KV compaction, greedy identity for every
+drafter kind, and the dynamic tree's construction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import greedy_reference, perturbed_copy, tiny_model
+from head_helpers import HEADS, build_head
+
+from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.target import Target
+from draftsmith.core.tree import ancestor_mask, tree_attention, tree_depths
+from draftsmith.decoding import verify_greedy
+from draftsmith.heads import Draft, DraftModelDrafter, NgramDrafter, TreeShape
+from draftsmith.heads.base import raw_acceptance
+from draftsmith.heads.tree import DynamicTree
+
+# Rows of a tree block: 0 continues the cache; 1, 2 continue 0; 3 continues 1; 4 continues 2.
+PARENTS = torch.tensor([-1, 0, 0, 1, 2])
+TOKENS = torch.tensor([17, 3, 99, 250, 42])
+
+
+def test_tree_mask_and_positions():
+    mask = ancestor_mask(PARENTS)
+    assert mask.tolist()[3] == [True, True, False, True, False]
+    assert mask.tolist()[4] == [True, False, True, False, True]
+    assert tree_depths(PARENTS).tolist() == [0, 1, 1, 2, 2]
+    additive, positions = tree_attention(PARENTS, 7, torch.float32)
+    assert additive.shape == (1, 1, 5, 12)
+    assert bool((additive[0, 0, :, :7] == 0).all())  # every row sees the cache
+    assert positions.tolist() == [[7, 8, 8, 9, 9]]
+
+
+def _fresh_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(input_ids=torch.tensor([ids])).logits[0, -1]
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_one_tree_forward_equals_each_branch_run_alone(implementation):
+    model = tiny_model("llama", seed=0, attn_implementation=implementation)
+    prompt = [5, 6, 7, 8]
+    target = Target(model)
+    target.extend(torch.tensor(prompt))
+    logits, _ = target.extend_tree(TOKENS, PARENTS)
+    for row in range(len(TOKENS)):
+        path = [row]
+        while PARENTS[path[0]] >= 0:
+            path.insert(0, int(PARENTS[path[0]]))
+        expected = _fresh_logits(model, prompt + TOKENS[path].tolist())
+        torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_an_attention_that_ignores_the_mask_is_refused(llama):
+    target = Target(llama)
+    target.extend(torch.tensor([1, 2, 3]))
+    llama.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="does not apply a draft tree's attention mask"):
+            target.extend_tree(TOKENS, PARENTS)
+    finally:
+        llama.config._attn_implementation = "sdpa"
+
+
+def test_kv_compaction_equals_a_fresh_prefill(llama):
+    prompt = [5, 6, 7, 8]
+    target = Target(llama)
+    target.extend(torch.tensor(prompt))
+    target.extend_tree(TOKENS, PARENTS)
+    # Keep the block's rows 0, 2, 4: the path 17 -> 99 -> 42.
+    target.keep(len(prompt), torch.tensor([4, 6, 8]))
+    assert target.length == len(prompt) + 3
+    logits, _ = target.extend(torch.tensor([11]))
+    fresh = Target(llama)
+    expected, _ = fresh.extend(torch.tensor(prompt + [17, 99, 42, 11]))
+    torch.testing.assert_close(logits[-1], expected[-1], rtol=1e-4, atol=1e-4)
+    for kept, ref in zip(target.cache.layers, fresh.cache.layers, strict=True):
+        torch.testing.assert_close(kept.keys, ref.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(kept.values, ref.values, rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_tree_verification_takes_the_longest_matching_path():
+    # Nodes: 0 (a) <- root, 1 (b) <- root, 2 (c) <- 1, 3 (d) <- 1, 4 (e) <- 3.
+    draft = Draft(
+        tokens=torch.tensor([10, 11, 12, 13, 14]), parents=torch.tensor([-1, -1, 1, 1, 3])
+    )
+    argmax = torch.tensor([11, 0, 13, 0, 14, 7])  # after root, node 0 .. node 4
+    logits = torch.nn.functional.one_hot(argmax, 32).float()
+    assert verify_greedy(logits, draft) == ([1, 3, 4], 7)
+    argmax[0] = 10  # the root now wants node 0, a leaf
+    logits = torch.nn.functional.one_hot(argmax, 32).float()
+    assert verify_greedy(logits, draft) == ([0], 0)
+
+
+def test_dynamic_tree_values_budget_and_closure():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+
+    def expand(nodes):
+        return probs.log().expand(len(nodes), -1)
+
+    tree = DynamicTree(TreeShape(top_k=2, depth=3, total_tokens=5), raw_acceptance)
+    draft = tree.grow(probs.log(), expand)
+    assert len(draft) == 5
+    # Depth 1: 0.5, 0.3; depth 2 under both: .25 .15 .15 .09; depth 3 under the best two.
+    assert sorted(draft.values.tolist(), reverse=True) == pytest.approx(
+        [0.5, 0.3, 0.25, 0.15, 0.15]
+    )
+    for node in range(len(draft)):
+        parent = int(draft.parents[node])
+        assert parent < node
+        if parent >= 0:
+            assert draft.values[node] <= draft.values[parent]
+    siblings = {}
+    for node in range(len(draft)):
+        siblings.setdefault(int(draft.parents[node]), []).append(int(draft.tokens[node]))
+    assert all(len(set(t)) == len(t) for t in siblings.values())
+    assert draft.logits.shape == (5, 4)
+
+
+def test_ngram_branches_follow_several_earlier_occurrences():
+    drafter = NgramDrafter(max_ngram=2)
+    # "1 2" occurred twice before: followed by 3 4 and, earlier, by 5 6.
+    drafter.start(torch.tensor([1, 2, 5, 6, 9, 1, 2, 3, 4, 9, 1, 2]))
+    draft = drafter.propose(TreeShape(top_k=2, depth=2, total_tokens=4), None)
+    assert draft.tokens.tolist() == [3, 4, 5, 6]
+    assert draft.parents.tolist() == [-1, 0, -1, 2]
+    chain = drafter.propose(2, None)
+    assert chain.tokens.tolist() == [3, 4] and chain.is_chain
+
+
+TREE = TreeShape(top_k=3, depth=4, total_tokens=12)
+
+
+def _tree_decoder(target, drafter):
+    return SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(tree=TREE))
+
+
+@pytest.mark.parametrize("kind", ["perturbed", "unrelated", "ngram"])
+def test_greedy_identity_with_trees(kind, llama):
+    drafter = {
+        "perturbed": lambda: DraftModelDrafter(perturbed_copy(llama, scale=0.3)),
+        "unrelated": lambda: DraftModelDrafter(tiny_model("llama", seed=7)),
+        "ngram": lambda: NgramDrafter(),
+    }[kind]()
+    decoder = _tree_decoder(llama, drafter)
+    for prompt in ([9], [4, 8, 15, 16, 23, 4, 8]):
+        prompt = torch.tensor(prompt)
+        result = decoder.generate(prompt, max_new_tokens=24)
+        assert result.tokens == greedy_reference(llama, prompt, 24)
+        assert result.stats.drafted > 0
+
+
+@pytest.mark.parametrize("name", [n for n in HEADS if not n.startswith("distilled")])
+def test_untrained_heads_decode_losslessly_with_trees(name, llama):
+    drafter = build_head(name, llama).as_drafter(llama)
+    decoder = _tree_decoder(llama, drafter)
+    for prompt in ([9], [4, 8, 15, 16, 23]):
+        prompt = torch.tensor(prompt)
+        result = decoder.generate(prompt, max_new_tokens=16)
+        assert result.tokens == greedy_reference(llama, prompt, 16)
+
+
+def test_a_tree_accepts_more_than_a_chain_from_the_same_drafter(llama):
+    draft_model = perturbed_copy(llama, scale=0.6)
+    accepted = {}
+    for name, policy in {
+        "chain": DraftLengthPolicy(max_draft_tokens=4),
+        "tree": DraftLengthPolicy(tree=TreeShape(top_k=4, depth=4, total_tokens=16)),
+    }.items():
+        decoder = SpeculativeDecoder(llama, DraftModelDrafter(draft_model), policy=policy)
+        result = decoder.generate(torch.tensor([4, 8, 15, 16, 23]), max_new_tokens=48)
+        accepted[name] = result.stats.mean_accepted_length
+    assert accepted["tree"] > accepted["chain"]
+
+
+def test_draft_model_cache_after_a_tree_round_equals_a_fresh_prefill(llama):
+    draft_model = perturbed_copy(llama, scale=0.3)
+    drafter = DraftModelDrafter(draft_model)
+    prompt = [4, 8, 15, 16, 23]
+    drafter.start(torch.tensor(prompt))
+    draft = drafter.propose(TREE, SamplingParams())
+    deepest = int(draft.depths.argmax())
+    assert int(draft.depths[deepest]) >= 3
+    accepted = draft.tokens[draft.path_to(deepest)].tolist()
+    drafter.commit(torch.tensor([*accepted, 77]))
+    own = drafter._own
+    # The path's nodes that were expanded (all but perhaps the leaf) keep their rows.
+    assert len(own) >= len(prompt) + len(accepted) - 1
+    assert own.tokens == (prompt + accepted)[: len(own)]
+    fresh = Target(draft_model)
+    fresh.extend(torch.tensor(own.tokens))
+    for kept, ref in zip(own.kv.layers, fresh.cache.layers, strict=True):
+        torch.testing.assert_close(kept.keys, ref.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(kept.values, ref.values, rtol=1e-4, atol=1e-5)
