@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,9 +33,12 @@ class DraftLengthPolicy:
     """Draft a tree of this shape (its nodes ranked by `acceptance_fn`); None: a chain of
     `max_draft_tokens`."""
     cost: CostCurve | None = None
-    """The target's measured verification cost (`draftsmith profile`): when given, each round's
-    tree is cut to the number of its most valuable nodes that maximises expected accepted tokens
-    per second (`best_budget`)."""
+    """The target's measured verification cost (`draftsmith profile`). When given, `tree` is the
+    largest tree drafted, and each round's tree is cut to the number n of its most valuable
+    nodes that maximises expected accepted tokens per second (`best_budget`); the next round
+    grows a tree of up to 2n nodes' worth (at least one), so drafting costs no more than the
+    verification it feeds."""
+    _budget: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:
@@ -47,15 +50,22 @@ class DraftLengthPolicy:
 
     def shape(self) -> TreeShape:
         """The draft shape of one round."""
-        return self.tree or TreeShape.chain(self.max_draft_tokens)
+        shape = self.tree or TreeShape.chain(self.max_draft_tokens)
+        if self.cost is None or self._budget is None:
+            return shape
+        top_k, depth = min(shape.top_k, self._budget), min(shape.depth, self._budget)
+        return TreeShape(top_k=top_k, depth=depth, total_tokens=shape.total_tokens)
 
     def trim(self, draft: Draft) -> Draft:
         """draft cut to the size the cost curve favours (unchanged without a curve, or for a
-        draft without node values)."""
+        draft without node values); sets the next round's budget."""
         if self.cost is None or draft.values is None or len(draft) == 0:
             return draft
         expected = draft.values.sort(descending=True).values.cumsum(0).tolist()
-        return draft.pruned(best_budget(self.cost, expected))
+        size = best_budget(self.cost, expected)
+        largest = (self.tree or TreeShape.chain(self.max_draft_tokens)).max_tokens
+        self._budget = min(2 * max(size, 1), largest)
+        return draft.pruned(size)
 
     def acceptance_fn(self) -> AcceptanceFn | None:
         """How a drafter ranks tree nodes: None (the raw draft probabilities) without a calibrated

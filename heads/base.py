@@ -78,6 +78,13 @@ class TreeShape:
         return TreeShape(top_k=self.top_k, depth=min(self.depth, tokens), total_tokens=total)
 
 
+def most_valuable(values: Sequence[float], depths: Sequence[int], size: int) -> list[int]:
+    """The indices (ascending) of the `size` largest values; ties go to the shallower, then the
+    earlier node, so a node never goes before a parent of equal value."""
+    order = sorted(range(len(values)), key=lambda i: (-values[i], depths[i], i))
+    return sorted(order[:size])
+
+
 @dataclass(frozen=True)
 class DraftRequest:
     """What a round asks of a drafter."""
@@ -142,10 +149,7 @@ class Draft:
         which keep every parent since no node is worth more than its parent."""
         if size >= len(self) or self.values is None:
             return self
-        order = sorted(
-            range(len(self)), key=lambda i: (-float(self.values[i]), int(self.depths[i]), i)
-        )
-        return self.subtree(sorted(order[:size]))
+        return self.subtree(most_valuable(self.values.tolist(), self.depths.tolist(), size))
 
     def subtree(self, nodes: Sequence[int]) -> Draft:
         """The draft of `nodes` (ascending, each node's parent among them), renumbered."""

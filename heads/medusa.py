@@ -9,7 +9,7 @@ which the target already gave.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
 from draftsmith.heads.blocks import SharesTargetParts, TargetParts, seeded, text_config
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, to_target_vocab
 from draftsmith.heads.trainable import DraftHead, StepsConfig
-from draftsmith.heads.tree import DynamicTree
+from draftsmith.heads.tree import combine_depths
 from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
 
 
@@ -123,13 +123,7 @@ class MedusaDrafter(Drafter):
 
         depth = min(request.shape.depth, self.head.num_steps - 1)
         if not request.shape.is_chain:
-            # Heads do not see the tokens before theirs: every node of one depth gets head
-            # depth + 1's top-k, and the tree keeps the most valuable combinations.
-            tree = DynamicTree(replace(request.shape, depth=depth), request.acceptance)
-            return tree.grow(
-                head_logits(1),
-                lambda nodes: head_logits(tree.depths[nodes[0]] + 1).expand(len(nodes), -1),
-            )
+            return combine_depths(request, [head_logits(k) for k in range(1, depth + 1)])
         builder = DraftBuilder(request, depth)
         for k in range(1, depth + 1):
             builder.add(head_logits(k))

@@ -12,12 +12,13 @@ t + 1 + k, the alignment convention of `DraftHead` (DeepSeek's module k + 1 at p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
 from draftsmith.heads.blocks import (
@@ -33,6 +34,7 @@ from draftsmith.heads.blocks import (
 )
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, OwnCache, to_target_vocab
 from draftsmith.heads.trainable import DraftHead, StepsConfig
+from draftsmith.heads.tree import combine_depths
 from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
 
 
@@ -123,7 +125,8 @@ class MTPHead(DraftVocabulary, SharesTargetParts, DraftHead):
 
 
 class MTPDrafter(Drafter):
-    """Drafts one token per module, each module keeping its own KV cache across rounds.
+    """Drafts one token per module (a chain), or each module's top-k along the top-1 path (a
+    tree), each module keeping its own KV cache across rounds.
 
     Module k's row q reads the token at q + k, so its newest rows are built on draft tokens of
     the same round. After a round a module keeps the rows whose tokens were committed and whose
@@ -147,8 +150,16 @@ class MTPDrafter(Drafter):
 
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
-        # A chain of up to K tokens, also when a tree is asked for (MTP trees are not built yet).
-        builder = DraftBuilder(request, min(request.shape.depth, self.head.num_steps))
+        depth = min(request.shape.depth, self.head.num_steps)
+        if request.shape.is_chain:
+            return self._chain(DraftBuilder(request, depth))
+        # A tree: each module's top-k, from the modules run along the top-1 path.
+        greedy = DraftBuilder(replace(request, sampling=SamplingParams(), stop=None), depth)
+        self._chain(greedy)
+        return combine_depths(request, list(greedy.draft().logits))
+
+    def _chain(self, builder: DraftBuilder) -> Draft:
+        """One token per module, each module reading the tokens drafted before it."""
         self._drop_uncommitted()  # rows built on an earlier, uncommitted draft
         sequence = list(self._committed)  # grows by each drafted token
         newest = len(self._committed) - 1

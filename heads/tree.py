@@ -11,10 +11,11 @@ each is verified as a one-hot draft, which keeps verification exact.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
-from draftsmith.heads.base import AcceptanceFn, Draft, TreeShape
+from draftsmith.heads.base import AcceptanceFn, Draft, DraftRequest, TreeShape, most_valuable
 
 Expand = Callable[[list[int]], torch.Tensor]
 """expand(nodes) -> logits (len(nodes), V) of the drafter's prediction after each node (run on the
@@ -72,14 +73,29 @@ class DynamicTree:
         return added
 
     def draft(self) -> Draft:
-        """Every node drafted, pruned to the shape's total_tokens most valuable ones."""
-        full = Draft(
-            tokens=torch.tensor(self.tokens, dtype=torch.long),
-            logits=torch.stack(self._logits)[torch.tensor(self._logits_row, dtype=torch.long)],
-            parents=torch.tensor(self.parents, dtype=torch.long),
-            values=torch.tensor(self.values),
+        """The shape's total_tokens most valuable nodes drafted (each with its parent's logits)."""
+        kept = most_valuable(self.values, self.depths, self.shape.max_tokens)
+        renumber = {node: i for i, node in enumerate(kept)}
+        return Draft(
+            tokens=torch.tensor([self.tokens[n] for n in kept], dtype=torch.long),
+            logits=torch.stack([self._logits[self._logits_row[n]] for n in kept]) if kept else None,
+            parents=torch.tensor(
+                [renumber.get(self.parents[n], -1) for n in kept], dtype=torch.long
+            ),
+            values=torch.tensor([self.values[n] for n in kept]),
         )
-        return full.pruned(self.shape.max_tokens)
+
+
+def combine_depths(request: DraftRequest, depth_logits: list[torch.Tensor]) -> Draft:
+    """A tree from one prediction per depth, depth_logits[d] (V,) for the tokens at depth d + 1,
+    made without seeing the tokens before them (Medusa's heads; MTP's modules along the top-1
+    path): every node of one depth gets that depth's top-k as children, and the tree keeps the
+    most valuable combinations under the request's budget."""
+    shape = replace(request.shape, depth=min(request.shape.depth, len(depth_logits)))
+    tree = DynamicTree(shape, request.acceptance)
+    return tree.grow(
+        depth_logits[0], lambda nodes: depth_logits[tree.depths[nodes[0]]].expand(len(nodes), -1)
+    )
 
 
 class TreeRows:

@@ -59,8 +59,10 @@ def main() -> None:
     for decoder in decoders.values():  # warm-up
         decoder.generate(encoded[0], max_new_tokens=8)
 
-    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for ids in encoded:
+    # totals[workload][method]: every workload, and "overall".
+    totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    for record, ids in zip(prompts, encoded, strict=True):
+        groups = [totals[record["workload"]], totals["overall"]]
         started = time.perf_counter()
         with torch.inference_mode():
             plain = target.generate(
@@ -70,53 +72,66 @@ def main() -> None:
                 max_new_tokens=args.max_new_tokens,
                 pad_token_id=tokenizer.eos_token_id,
             )[0, ids.numel() :].tolist()
-        totals["plain"]["wall_s"] += time.perf_counter() - started
-        totals["plain"]["tokens"] += len(plain)
+        for group in groups:
+            group["plain"]["wall_s"] += time.perf_counter() - started
+            group["plain"]["tokens"] += len(plain)
         for name, decoder in decoders.items():
             started = time.perf_counter()
             out = decoder.generate(ids, max_new_tokens=args.max_new_tokens)
-            row = totals[name]
-            row["wall_s"] += time.perf_counter() - started
-            row["tokens"] += len(out.tokens)
-            row["forwards"] += out.stats.target_forwards
-            row["drafted"] += out.stats.drafted
-            row["identical"] += out.tokens == plain
+            wall = time.perf_counter() - started
+            for group in groups:
+                row = group[name]
+                row["wall_s"] += wall
+                row["tokens"] += len(out.tokens)
+                row["forwards"] += out.stats.target_forwards
+                row["drafted"] += out.stats.drafted
+                row["prompts"] += 1
+                row["identical"] += out.tokens == plain
 
-    plain_rate = totals["plain"]["tokens"] / totals["plain"]["wall_s"]
-    chain_rate = totals["chain"]["tokens"] / totals["chain"]["wall_s"]
-    chain_tau = totals["chain"]["tokens"] / totals["chain"]["forwards"]
     report = {
         "command": " ".join(["python", *sys.argv]),
-        "n_prompts": len(encoded),
         "torch_threads": torch.get_num_threads(),
-        "plain_tok_s": plain_rate,
-        "shapes": {},
+        "workloads": {name: _summary(group, list(decoders)) for name, group in totals.items()},
     }
-    print(
-        f"{'shape':<10} {'tok/s':>7} {'vs plain':>8} {'vs chain':>8} {'tau':>5} "
-        f"{'tau/chain':>9} {'nodes':>6} {'identical':>9}"
-    )
-    for name in decoders:
-        row = totals[name]
+    for workload, summary in report["workloads"].items():
+        print(f"\n{workload} (plain {summary['plain_tok_s']:.2f} tok/s)")
+        print(
+            f"{'shape':<10} {'tok/s':>7} {'vs plain':>8} {'vs chain':>8} {'tau':>5} "
+            f"{'tau/chain':>9} {'nodes':>6} {'identical':>9}"
+        )
+        for name, f in summary["shapes"].items():
+            print(
+                f"{name:<10} {f['tok_s']:>7.2f} {f['speedup_vs_plain']:>7.2f}x "
+                f"{f['speedup_vs_chain']:>7.2f}x {f['mean_accepted_length']:>5.2f} "
+                f"{f['tau_vs_chain']:>8.2f}x {f['mean_draft_size']:>6.1f} "
+                f"{f['identical_prompts']:>5}/{f['prompts']}"
+            )
+    if args.json:
+        with open(args.json, "w") as out:
+            out.write(json.dumps(report, indent=2) + "\n")
+
+
+def _summary(group: dict, shapes: list[str]) -> dict:
+    """Per shape: tokens/s, ratios to plain and to the chain, mean accepted length, mean draft
+    size, prompts identical to plain."""
+    plain_rate = group["plain"]["tokens"] / group["plain"]["wall_s"]
+    chain = group["chain"]
+    chain_rate, chain_tau = chain["tokens"] / chain["wall_s"], chain["tokens"] / chain["forwards"]
+    figures = {}
+    for name in shapes:
+        row = group[name]
         rate, tau = row["tokens"] / row["wall_s"], row["tokens"] / row["forwards"]
-        figures = {
+        figures[name] = {
             "tok_s": rate,
             "speedup_vs_plain": rate / plain_rate,
             "speedup_vs_chain": rate / chain_rate,
             "mean_accepted_length": tau,
             "tau_vs_chain": tau / chain_tau,
             "mean_draft_size": row["drafted"] / row["forwards"],
+            "prompts": int(row["prompts"]),
             "identical_prompts": int(row["identical"]),
         }
-        report["shapes"][name] = figures
-        print(
-            f"{name:<10} {rate:>7.2f} {figures['speedup_vs_plain']:>7.2f}x "
-            f"{figures['speedup_vs_chain']:>7.2f}x {tau:>5.2f} {figures['tau_vs_chain']:>8.2f}x "
-            f"{figures['mean_draft_size']:>6.1f} {int(row['identical']):>5}/{len(encoded)}"
-        )
-    if args.json:
-        with open(args.json, "w") as out:
-            out.write(json.dumps(report, indent=2) + "\n")
+    return {"plain_tok_s": plain_rate, "shapes": figures}
 
 
 if __name__ == "__main__":

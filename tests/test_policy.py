@@ -6,7 +6,8 @@ import torch
 from conftest import greedy_reference
 
 from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
-from draftsmith.heads import DraftModelDrafter
+from draftsmith.decoding.profile import CostCurve
+from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
 
 
 class ConstantCalibrator:
@@ -48,3 +49,41 @@ def test_confident_drafter_drafts_to_the_maximum(llama):
 def test_without_threshold_the_calibrator_is_not_consulted(llama):
     _, calibrator = _drafts(llama, p=0.1, threshold=0.0)
     assert calibrator.seen_positions == []
+
+
+# -- trees ---------------------------------------------------------------------------------------
+
+
+def _curve(verify_s: list[float]) -> CostCurve:
+    return CostCurve(tokens=list(range(1, len(verify_s) + 1)), verify_s=verify_s, context=8)
+
+
+def _valued_draft(values: list[float]) -> Draft:
+    """A chain whose node values are given (non-increasing, as along any path)."""
+    return Draft(tokens=torch.arange(len(values)), values=torch.tensor(values))
+
+
+def test_a_flat_cost_keeps_every_valuable_node_and_a_steep_one_none():
+    tree = TreeShape(top_k=4, depth=4, total_tokens=16)
+    draft = _valued_draft([0.9, 0.8, 0.7, 0.6])
+    flat = DraftLengthPolicy(tree=tree, cost=_curve([1.0] * 6))
+    assert len(flat.trim(draft)) == 4
+    assert flat.shape() == TreeShape(top_k=4, depth=4, total_tokens=16)  # budget 8, capped
+    steep = DraftLengthPolicy(tree=tree, cost=_curve([1.0, 3.0, 5.0, 7.0, 9.0, 11.0]))
+    assert len(steep.trim(draft)) == 0
+    # The next round drafts a small tree: drafting costs no more than the verification it feeds.
+    assert steep.shape() == TreeShape(top_k=2, depth=2, total_tokens=16)
+
+
+def test_calibrated_acceptance_ranks_tree_nodes(llama):
+    calibrator = ConstantCalibrator(0.5)
+    policy = DraftLengthPolicy(tree=TreeShape(top_k=2, depth=2), acceptance=calibrator)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    accept = policy.acceptance_fn()(logits, torch.tensor([1]), torch.tensor([0.7]))
+    probs = logits.softmax(-1)
+    # The top-1 token gets the calibrated 0.5; the others in proportion to their draft probs.
+    torch.testing.assert_close(accept, 0.5 * probs / probs.max())
+    assert calibrator.seen_positions == [1.0]
+    prompt = torch.tensor([2, 4, 6])
+    decoder = SpeculativeDecoder(llama, DraftModelDrafter(llama), policy=policy)
+    assert decoder.generate(prompt, max_new_tokens=12).tokens == greedy_reference(llama, prompt, 12)

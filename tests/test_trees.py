@@ -193,3 +193,18 @@ def test_draft_model_cache_after_a_tree_round_equals_a_fresh_prefill(llama):
     for kept, ref in zip(own.kv.layers, fresh.cache.layers, strict=True):
         torch.testing.assert_close(kept.keys, ref.keys, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(kept.values, ref.values, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["medusa", "mtp", "eagle", "eagle3", "draft-model", "ngram"])
+def test_every_drafter_kind_branches(name, llama):
+    if name == "draft-model":
+        drafter = DraftModelDrafter(perturbed_copy(llama, scale=0.3))
+    elif name == "ngram":
+        drafter = NgramDrafter()
+    else:
+        drafter = build_head(name, llama).as_drafter(llama)
+    prompt = torch.tensor([4, 8, 15, 4, 8, 16, 4, 8])
+    features = Target(llama, drafter.target_feature_layers).extend(prompt[:-1])[1]
+    drafter.start(prompt, features)
+    draft = drafter.propose(TREE, SamplingParams())
+    assert int(draft.depths.max()) < len(draft) <= TREE.max_tokens  # branches, within budget
