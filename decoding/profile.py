@@ -14,7 +14,6 @@ import itertools
 import json
 import math
 import re
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -154,16 +153,17 @@ def _seconds(run: Callable[[], object], device: torch.device) -> float:
     return perf_counter() - start
 
 
-def _interleaved_medians(
+def _interleaved_minima(
     runs: list[Callable[[], object]], repeats: int, device: torch.device
 ) -> list[float]:
-    """Median seconds of each of `runs`: one untimed warm-up round, then `repeats` rounds over
-    all of them, so a drift of the clock speed or of the machine's load spreads over every run
-    instead of biasing the ones timed last."""
+    """Fastest seconds of each of `runs`: one untimed warm-up round, then `repeats` rounds over
+    all of them, so a drift of the clock speed spreads over every run instead of biasing the ones
+    timed last. The minimum, not the median: other work on a shared machine only ever adds
+    time."""
     for run in runs:
         run()
     rounds = [[_seconds(run, device) for run in runs] for _ in range(repeats)]
-    return [statistics.median(column) for column in zip(*rounds, strict=True)]
+    return [min(column) for column in zip(*rounds, strict=True)]
 
 
 def _device_name(device: torch.device) -> str:
@@ -197,8 +197,8 @@ def profile_target(
     name: str = "",
 ) -> CostCurve:
     """Time one target forward of n new tokens after a KV cache of `context` positions, for each
-    n in `sizes` (default `default_sizes(max_tokens)`): the median of `repeats` runs, after a
-    warm-up. The tokens run causally, as a chain: a draft tree's mask changes what attends to
+    n in `sizes` (default `default_sizes(max_tokens)`): the fastest of `repeats` runs, after a
+    warm-up, and never less than a smaller block's (a larger block does at least its work). The tokens run causally, as a chain: a draft tree's mask changes what attends to
     what, not how much work the forward does. `name` is recorded as the curve's target."""
     sizes = sorted(set(sizes)) if sizes is not None else default_sizes(max_tokens)
     _check_profile_args(model, sizes, context, repeats)
@@ -218,7 +218,8 @@ def profile_target(
         return run
 
     blocks = [torch.randint(vocab, (1, n), generator=generator).to(device) for n in sizes]
-    times = _interleaved_medians([verify(block) for block in blocks], repeats, device)
+    times = _interleaved_minima([verify(block) for block in blocks], repeats, device)
+    times = list(itertools.accumulate(times, max))
     return CostCurve(
         tokens=sizes,
         verify_s=times,
@@ -248,7 +249,7 @@ def profile_drafter(
     drafter.start(prompt_ids, target_features)
     sampling = SamplingParams()
     # propose leaves the committed sequence alone: each call redrafts from the same point.
-    one, eight = _interleaved_medians(
+    one, eight = _interleaved_minima(
         [lambda: drafter.propose(1, sampling), lambda: drafter.propose(8, sampling)],
         repeats,
         prompt_ids.device,

@@ -35,7 +35,7 @@ class ProfileCommand:
     context: int = 256
     """Positions in the target's KV cache before each timed block."""
     repeats: int = 5
-    """Timed runs per block size (their median is kept), after one warm-up."""
+    """Timed runs per block size (the fastest is kept), after one warm-up."""
     out: Path | None = None
     """Where to write the curve; None: $DRAFTSMITH_HOME/profiles/ (default ~/.cache/draftsmith),
     named after the target, its dtype and the device kind, where the decoder looks."""
