@@ -178,17 +178,6 @@ class Draft:
             node = int(self.parents[node])
         return path[::-1]
 
-    def path_of(self, tokens: Sequence[int]) -> list[int]:
-        """The nodes along which tokens follow the tree from the root, as far as they do."""
-        path, node = [], -1
-        for token in tokens:
-            match = [c for c in self.children(node) if int(self.tokens[c]) == token]
-            if not match:
-                break
-            node = match[0]
-            path.append(node)
-        return path
-
 
 class Drafter(ABC):
     """Proposes tokens for a target model to verify."""

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 
 from draftsmith.core.cache import cache_argument
+from draftsmith.core.tree import additive_mask
 
 
 @contextlib.contextmanager
@@ -178,11 +179,7 @@ def layer_inputs(
     the T new keys/values, or None.
     """
     position_ids = positions.to(hidden.device)[None].expand(hidden.shape[0], -1)
-    additive = None
-    if mask is not None:
-        additive = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device)
-        additive = additive.masked_fill(~mask.to(hidden.device), torch.finfo(hidden.dtype).min)
-        additive = additive[None, None]
+    additive = None if mask is None else additive_mask(mask.to(hidden.device), hidden.dtype)
     return {
         "attention_mask": additive,
         "position_ids": position_ids,
