@@ -7,14 +7,16 @@ from draftsmith.decoding.decoder import (
     SpeculativeDecoder,
 )
 from draftsmith.decoding.policy import DraftLengthPolicy
-from draftsmith.decoding.verify import verify_greedy, verify_sampling
+from draftsmith.decoding.verify import LosslessVerifier, Verifier, verify_greedy, verify_sampling
 
 __all__ = [
     "DraftLengthPolicy",
     "GenerationResult",
     "GenerationStats",
+    "LosslessVerifier",
     "RoundRecord",
     "SpeculativeDecoder",
+    "Verifier",
     "verify_greedy",
     "verify_sampling",
 ]

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from draftsmith.core.sampling import SamplingParams, probabilities
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import Target
 from draftsmith.decoding.policy import DraftLengthPolicy
-from draftsmith.decoding.verify import verify_greedy, verify_sampling
+from draftsmith.decoding.verify import LosslessVerifier, Verifier
 from draftsmith.heads.base import Draft, Drafter
 
 
@@ -87,6 +87,8 @@ class GenerationResult:
     text: str | None
     """The decoded generated text, when the decoder has a tokenizer."""
     stats: GenerationStats
+    lossy: bool = False
+    """True when a lossy verifier produced it: the tokens may differ from the target's own."""
 
 
 class SpeculativeDecoder:
@@ -105,11 +107,13 @@ class SpeculativeDecoder:
         tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         policy: DraftLengthPolicy | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.target = target.eval()
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.policy = policy or DraftLengthPolicy()
+        self.verifier = verifier or LosslessVerifier()
         config = target.config.get_text_config()
         self.vocab_size: int = config.vocab_size
         self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
@@ -165,7 +169,7 @@ class SpeculativeDecoder:
             logits, features = target.extend_tree(
                 block, torch.cat([torch.tensor([-1]), draft.parents + 1])
             )
-            path, next_token = self._verify(logits, draft, sampling, generator)
+            path, next_token = self.verifier(logits, draft, sampling, generator)
             stats.record_round(draft, len(path))
             if on_round is not None:
                 on_round(RoundRecord(draft, logits, path, sampling))
@@ -185,7 +189,7 @@ class SpeculativeDecoder:
         del generated[max_new_tokens:]
         stats.finish(len(generated), time.perf_counter() - started)
         text = self.tokenizer.decode(generated) if self.tokenizer is not None else None
-        return GenerationResult(tokens=generated, text=text, stats=stats)
+        return GenerationResult(tokens=generated, text=text, stats=stats, lossy=self.verifier.lossy)
 
     def _prompt_ids(
         self, prompt_or_ids: str | Sequence[int] | torch.Tensor, max_new: int
@@ -209,17 +213,6 @@ class SpeculativeDecoder:
                 "prompt or lower max_new_tokens"
             )
         return ids
-
-    def _verify(
-        self,
-        logits: torch.Tensor,
-        draft: Draft,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> tuple[list[int], int]:
-        if sampling.greedy:
-            return verify_greedy(logits, draft)
-        return verify_sampling(probabilities(logits, sampling), draft, generator)
 
     def _end_of_generation(
         self, generated: list[int], first_new: int, stop_strings: Sequence[str] | None

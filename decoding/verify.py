@@ -19,10 +19,48 @@ one child per node, where this is the classic rule.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-from draftsmith.core.sampling import sample
+from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.heads.base import Draft
+
+
+class Verifier(Protocol):
+    """Decides which draft nodes the target accepts, and the token it adds after them."""
+
+    lossy: bool
+    """True when the output may differ from the target's own (greedy tokens or sampled
+    distribution): such a verifier is opt-in and its results say so."""
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft: Draft,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> tuple[list[int], int]:
+        """target_logits (k+1, V) float32 -> (the accepted path's nodes, the next token)."""
+        ...
+
+
+class LosslessVerifier:
+    """The default: `verify_greedy` at temperature 0, else `verify_sampling` on the processed
+    target distributions. The output is the target's own."""
+
+    lossy = False
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft: Draft,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> tuple[list[int], int]:
+        if sampling.greedy:
+            return verify_greedy(target_logits, draft)
+        return verify_sampling(probabilities(target_logits, sampling), draft, generator)
 
 
 def verify_greedy(target_logits: torch.Tensor, draft: Draft) -> tuple[list[int], int]:
