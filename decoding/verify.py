@@ -77,10 +77,17 @@ def verify_greedy(target_logits: torch.Tensor, draft: Draft) -> tuple[list[int],
 
 
 def verify_sampling(
-    target_probs: torch.Tensor, draft: Draft, generator: torch.Generator | None
+    target_probs: torch.Tensor,
+    draft: Draft,
+    generator: torch.Generator | None,
+    slack: torch.Tensor | None = None,
 ) -> tuple[list[int], int]:
     """target_probs (k+1, V) processed target distributions p -> (the accepted path's nodes, the
-    next token drawn from the target side)."""
+    next token drawn from the target side).
+
+    slack (k,) in (0, 1] per node, None for all ones: child x is accepted with probability
+    min(1, p(x) / (slack * q(x))). Below 1 it is a lossy relaxation (`lossy.ModulatedVerifier`).
+    """
     # One uniform per node, drawn up front so the random stream does not depend on outcomes.
     uniforms = torch.rand(len(draft), generator=generator).tolist()
     path, node = [], -1
@@ -90,6 +97,8 @@ def verify_sampling(
             token = int(draft.tokens[child])
             q = _draft_distribution(draft, child, p.shape[-1])
             q_token = float(q[token])
+            if slack is not None:
+                q_token *= float(slack[child])
             if q_token > 0 and uniforms[child] < min(1.0, float(p[token]) / q_token):
                 path.append(child)
                 node = child
