@@ -46,7 +46,9 @@ _LAZY = {
     "collect_teacher_forced": "collect",
     "CalibrateConfig": "pipeline",
     "calibrate_records": "pipeline",
-    "prompts_from_texts": "pipeline",
+    "prompt_windows": "pipeline",
+    "evaluate_calibration": "evaluate",
+    "metrics_by_workload": "evaluate",
     "PLOT_FILES": "plots",
     "plot_reliability": "plots",
     "plot_confidence_histogram": "plots",
@@ -54,6 +56,7 @@ _LAZY = {
     "write_plots": "plots",
     "REPORT_FILE": "report",
     "format_table": "report",
+    "format_workload_table": "report",
     "write_report": "report",
 }
 

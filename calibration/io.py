@@ -35,8 +35,14 @@ def write_calibration(
 
     Where a metadata key repeats one of the description's, the description's wins.
     """
-    path = calibration_path(path)
     payload = {**(metadata or {}), "format_version": FORMAT_VERSION, **description}
+    return write_json(calibration_path(path), payload)
+
+
+def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> Path:
+    """Write payload as plain JSON (`_json_safe`: NaN, e.g. an AUROC over one class, becomes
+    null) atomically."""
+    path = Path(path)
     text = json.dumps(_json_safe(payload), indent=2, allow_nan=False)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text + "\n")

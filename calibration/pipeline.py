@@ -24,6 +24,7 @@ import numpy as np
 from datasets import Dataset
 
 from draftsmith.calibration.calibrators import build_calibrator, calibrator_class
+from draftsmith.calibration.evaluate import metrics_by_workload, outcome_column, workloads_of
 from draftsmith.calibration.metrics import bootstrap_ci, calibration_metrics, ece
 
 logger = logging.getLogger(__name__)
@@ -67,17 +68,19 @@ class CalibrateConfig:
     """Seeds the document folds, the bootstrap and the sampled decoding."""
 
 
-def prompts_from_texts(
+def prompt_windows(
     texts: Sequence[str], tokenizer, prompt_tokens: int, stride: int, max_prompts: int
-) -> list[list[int]]:
-    """Cut held-out documents into prompts of prompt_tokens tokens, one every `stride` tokens."""
-    prompts: list[list[int]] = []
-    for text in texts:
+) -> list[tuple[int, list[int]]]:
+    """Cut held-out documents into prompts of prompt_tokens tokens, one every `stride` tokens:
+    (index of the text cut, its prompt_tokens ids) pairs, so each prompt keeps its text's
+    workload."""
+    prompts: list[tuple[int, list[int]]] = []
+    for index, text in enumerate(texts):
         ids = tokenizer(text).input_ids
         for start in range(0, max(len(ids) - prompt_tokens, 0) + 1, stride):
             window = ids[start : start + prompt_tokens]
             if len(window) == prompt_tokens:
-                prompts.append(window)
+                prompts.append((index, window))
             if len(prompts) == max_prompts:
                 return prompts
     if not prompts:
@@ -95,9 +98,10 @@ def calibrate_records(
     metadata: dict | None = None,
 ) -> dict:
     """Cross-fit by source (see the module doc), fit the saved calibrator on every record, and
-    write calibration.json + the report into artifact_dir. Returns the calibration.json
-    payload."""
-    outcome = "accept_prob" if config.temperature > 0 else "accepted"
+    write calibration.json + the report into artifact_dir. Records with a `workload` column
+    also get the before / after metrics of each workload (`metrics_by_workload`). Returns the
+    calibration.json payload."""
+    outcome = outcome_column(config.temperature)
     # Single-signal methods (temperature, isotonic, histogram) take the first signal.
     names = config.signals[: calibrator_class(config.method).max_signals]
     signals = {name: np.asarray(records[name]) for name in names}
@@ -127,6 +131,11 @@ def calibrate_records(
         for side, conf in (("before", raw), ("after", calibrated))
     }
 
+    by_workload = {}
+    if "workload" in records.column_names:  # the data named workloads: break the metrics down
+        by_workload["metrics_by_workload"] = metrics_by_workload(
+            {"before": raw, "after": calibrated}, y, workloads_of(records), config.n_bins
+        )
     artifact_dir = Path(artifact_dir)
     payload = {
         "method": calibrator.to_dict()["kind"],  # auto reports the kind it chose
@@ -138,6 +147,7 @@ def calibrate_records(
         "evaluation": f"{min(config.folds, n_sources)}-fold cross-fitted over {n_sources} sources",
         "metrics": {"before": before, "after": after},
         "ece_equal_mass_ci95": ci95,
+        **by_workload,
         "config": asdict(config),
         **(metadata or {}),
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +62,42 @@ def format_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
         (k, _format(before.get(k)), _format(after.get(k)), _change(before.get(k), after.get(k)))
         for k in keys
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return _markdown_table(rows, label_columns=1)
+
+
+WORKLOAD_METRICS = ("n", "acceptance_rate", "mean_confidence", "ece_equal_mass", "brier", "auroc")
+"""The columns of `format_workload_table`: tokens, accepted rate, mean predicted acceptance,
+equal-mass ECE, Brier, AUROC."""
+
+
+def format_workload_table(rows: Sequence[tuple[str, Mapping[str, Mapping[str, Any]]]]) -> str:
+    """Markdown table, padded for a terminal: one line per (workload, confidence side).
+
+    rows: (workload, {side (e.g. raw, calibrated): `calibration_metrics` dict}) in print order;
+    columns `WORKLOAD_METRICS`.
+    """
+    table = [("workload", "confidence", *WORKLOAD_METRICS)]
+    for workload, sides in rows:
+        for side, metrics in sides.items():
+            table.append((workload, side, *(_format(metrics.get(k)) for k in WORKLOAD_METRICS)))
+    return _markdown_table(table, label_columns=2)
+
+
+def _markdown_table(rows: Sequence[tuple[str, ...]], label_columns: int) -> str:
+    """rows[0] is the header; the first `label_columns` columns align left, the rest right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
 
     def line(cells: tuple[str, ...]) -> str:
-        padded = [cells[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)
+        padded = [
+            c.ljust(w) if i < label_columns else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ]
         return "| " + " | ".join(padded) + " |"
 
-    rule = "|" + "|".join(["-" * (widths[0] + 2)] + ["-" * (w + 1) + ":" for w in widths[1:]])
-    return "\n".join([line(rows[0]), rule + "|", *map(line, rows[1:])])
+    rule = "|".join(
+        "-" * (w + 2) if i < label_columns else "-" * (w + 1) + ":" for i, w in enumerate(widths)
+    )
+    return "\n".join([line(rows[0]), f"|{rule}|", *map(line, rows[1:])])
 
 
 def write_report(

@@ -4,38 +4,195 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
+import numpy as np
 import pytest
 from conftest import tiny_model
+from datasets import Dataset
 from head_helpers import build_head, fit
 
 from draftsmith.artifact import save_artifact
+from draftsmith.calibration import Calibrator, calibration_metrics
+from draftsmith.commands.calibrate import CalibrateCommand
 from draftsmith.commands.cli import main
 
+DECODE_FLAGS = ["--dtype", "float32", "--max-prompts", "12", "--max-new-tokens", "12"]
 
-@pytest.mark.parametrize("collect", ["teacher-forced", "decode"])
-def test_calibrate_writes_into_the_artifact(tmp_path, byte_tokenizer, capsys, collect):
+
+@pytest.fixture(scope="module")
+def saved_target_and_artifact(tmp_path_factory, byte_tokenizer):
+    """A saved tiny target (with its tokenizer) and a medusa artifact trained 5 steps on it."""
+    root = tmp_path_factory.mktemp("calibrate")
     target = tiny_model("llama", seed=0)
-    target_dir = tmp_path / "target"
+    target_dir = root / "target"
     target.save_pretrained(target_dir)
     tokenizer = copy.deepcopy(byte_tokenizer)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(0)  # rows of text end documents with it
     tokenizer.save_pretrained(target_dir)
-    artifact = tmp_path / "drafter"
+    artifact = root / "drafter"
     head = fit(build_head("medusa", target), target, steps=5)
     save_artifact(head, target, artifact, training={"steps": 5}, target_name_or_path="tiny")
+    return target_dir, artifact
+
+
+@pytest.fixture
+def target_dir(saved_target_and_artifact):
+    return saved_target_and_artifact[0]
+
+
+@pytest.fixture
+def artifact(saved_target_and_artifact, tmp_path):
+    """A fresh copy of the uncalibrated artifact for each test."""
+    return shutil.copytree(saved_target_and_artifact[1], tmp_path / "drafter")
+
+
+def write_jsonl(path, records: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+@pytest.fixture
+def traffic(tmp_path) -> str:
+    """Prompt-only records of two workloads, as a user's own traffic."""
+    code = [{"prompt": f"def f{i}(x):\n    return x * {i}", "workload": "code"} for i in range(6)]
+    chat = [{"prompt": f"A: how are you {i}?\nB:", "workload": "chat"} for i in range(6)]
+    return write_jsonl(tmp_path / "traffic.jsonl", code + chat)
+
+
+def files_of(folder) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("collect", ["teacher-forced", "decode"])
+def test_calibrate_writes_into_the_artifact(tmp_path, target_dir, artifact, capsys, collect):
     data = tmp_path / "heldout.jsonl"
     texts = [f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 3 for i in range(12)]
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    write_jsonl(data, [{"text": t} for t in texts])
 
     main(
         ["calibrate", str(artifact), "--target", str(target_dir), "--data", str(data)]
-        + ["--method", "histogram", "--dtype", "float32", "--max-prompts", "12"]
-        + ["--prompt-tokens", "16", "--max-new-tokens", "12"]
+        + ["--method", "histogram", *DECODE_FLAGS, "--prompt-tokens", "16"]
         + ["--collect", collect, "--seq-len", "64"]
     )
     saved = json.loads((artifact / "calibration.json").read_text())
     assert saved["method"] == "histogram" and saved["n_eval"] > 0
+    assert saved["config"]["collect"] == collect
     assert (artifact / "calibration" / "report.md").is_file()
     printed = capsys.readouterr().out
     assert "ece_equal_mass" in printed and "calibration.json" in printed and collect in printed
+
+
+def test_text_records_are_collected_teacher_forced_by_default(target_dir, artifact, tmp_path):
+    texts = [f"def g{i}(y):\n    return y - {i}\n" * 3 for i in range(6)]
+    data = write_jsonl(tmp_path / "texts.jsonl", [{"text": t} for t in texts])
+    command = CalibrateCommand(
+        artifact=artifact, target=str(target_dir), data=data, dtype="float32", seq_len=64
+    )
+    assert command.run()["config"]["collect"] == "teacher-forced"
+
+
+def test_prompt_only_records_calibrate_from_decoding(target_dir, artifact, traffic, capsys):
+    main(
+        ["calibrate", str(artifact), "--target", str(target_dir), "--data", traffic]
+        + ["--method", "histogram", *DECODE_FLAGS]
+    )
+    printed = capsys.readouterr().out
+    assert "prompt-only records: collecting from decoding" in printed
+    saved = json.loads((artifact / "calibration.json").read_text())
+    assert saved["config"]["collect"] == "decode" and saved["n_eval"] > 0
+    assert list(saved["metrics_by_workload"]) == ["code", "chat"]
+    records = Dataset.from_parquet(str(artifact / "calibration" / "records.parquet"))
+    # Prompts 0-5 are code and 6-11 chat: each record keeps its prompt's workload.
+    expected = ["code" if source < 6 else "chat" for source in records["source"]]
+    assert records["workload"] == expected
+    assert "per workload" in printed and "| chat " in printed
+
+
+def test_evaluate_only_reports_per_workload_and_leaves_the_artifact_alone(
+    target_dir, artifact, traffic, tmp_path, capsys
+):
+    flags = ["--target", str(target_dir), "--data", traffic, *DECODE_FLAGS]
+    main(["calibrate", str(artifact), "--method", "platt", *flags])
+    before = files_of(artifact)
+    out = tmp_path / "reports" / "evaluation.json"
+    capsys.readouterr()
+
+    main(["calibrate", str(artifact), *flags, "--evaluate-only", "--json", str(out)])
+    assert files_of(artifact) == before  # byte for byte, nothing added
+    printed = capsys.readouterr().out
+    assert "nothing refitted" in printed and "| overall " in printed
+    report = json.loads(out.read_text())
+    assert list(report["workloads"]) == ["code", "chat"]
+    assert report["calibrator"]["kind"] == "platt" and report["collect"] == "decode"
+
+    # Greedy decoding of the same prompts gives the records calibration wrote: score them directly.
+    records = Dataset.from_parquet(str(artifact / "calibration" / "records.parquet"))
+    calibrator = Calibrator.load(artifact)
+    predicted = calibrator.predict({s: np.asarray(records[s]) for s in calibrator.signals})
+    top1, y = np.asarray(records["top1_prob"]), np.asarray(records["accepted"])
+    workload = np.asarray(records["workload"])
+    assert report["overall"]["raw"]["n"] == len(records)
+    for name in ("code", "chat"):
+        rows = workload == name
+        for side, conf in (("raw", top1), ("calibrated", predicted)):
+            direct = calibration_metrics(conf[rows], y[rows], 15)
+            assert _nan_as_none(direct) == pytest.approx(report["workloads"][name][side])
+
+
+def _nan_as_none(metrics: dict) -> dict:
+    """As the JSON report writes them."""
+    return {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in metrics.items()}
+
+
+def test_evaluate_only_without_calibration_scores_raw_with_a_warning(target_dir, artifact, traffic):
+    before = files_of(artifact)
+    command = CalibrateCommand(
+        artifact=artifact,
+        target=str(target_dir),
+        data=traffic,
+        evaluate_only=True,
+        dtype="float32",
+        max_new_tokens=8,
+    )
+    with pytest.warns(UserWarning, match="no calibration.json: evaluating the raw top-1"):
+        report = command.run()
+    assert report["calibrator"] is None
+    assert all(set(sides) == {"raw"} for sides in report["workloads"].values())
+    assert files_of(artifact) == before
+
+
+def test_evaluate_only_on_a_corrupt_calibration_names_the_fix(artifact, traffic):
+    (artifact / "calibration.json").write_text('{"kind": "platt", ')
+    command = CalibrateCommand(
+        artifact=artifact, target="never-loaded", data=traffic, evaluate_only=True
+    )
+    with pytest.raises(ValueError, match="cannot be read .* refit it .* or delete it"):
+        command.run()
+
+
+@pytest.mark.parametrize(
+    ("records", "flags", "message"),
+    [
+        ([], {}, "holds no records: write one JSON object per line"),
+        ([{"prompt": "x"}, {"workload": "code"}], {}, r"jsonl:2: the record has no 'prompt'"),
+        ([{"prompt": "x"}], {"collect": "teacher-forced"}, "drop --collect teacher-forced"),
+    ],
+)
+def test_bad_prompt_data_fails_before_the_target_loads(artifact, tmp_path, records, flags, message):
+    data = write_jsonl(tmp_path / "prompts.jsonl", records)
+    command = CalibrateCommand(artifact=artifact, target="never-loaded", data=data, **flags)
+    with pytest.raises(ValueError, match=message):
+        command.run()
+
+
+def test_json_inside_the_artifact_is_refused(artifact, traffic):
+    command = CalibrateCommand(
+        artifact=artifact,
+        target="never-loaded",
+        data=traffic,
+        evaluate_only=True,
+        json=artifact / "calibration.json",
+    )
+    with pytest.raises(ValueError, match="lies inside the artifact"):
+        command.run()

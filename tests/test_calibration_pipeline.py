@@ -15,10 +15,10 @@ from draftsmith.calibration.collect import collect_from_decoding
 from draftsmith.calibration.pipeline import (
     CalibrateConfig,
     calibrate_records,
-    prompts_from_texts,
+    prompt_windows,
     source_folds,
 )
-from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.heads import DraftModelDrafter
 
 PROMPTS = [[i, i + 1, i + 2] for i in range(3, 60, 4)]
@@ -29,7 +29,7 @@ def test_calibration_json_and_report_are_written(llama, tmp_path, temperature):
     decoder = SpeculativeDecoder(
         llama,
         DraftModelDrafter(perturbed_copy(llama, 0.05)),
-        policy=DraftLengthPolicy(max_draft_tokens=4),
+        policy=FixedPolicy(max_draft_tokens=4),
     )
     config = CalibrateConfig(method="platt", temperature=temperature)
     # Greedy calibration records signals at temperature 1; sampling at the decoding temperature.
@@ -71,11 +71,15 @@ def test_calibration_json_and_report_are_written(llama, tmp_path, temperature):
     assert written["accepted"] == records["accepted"]
 
 
-def test_prompts_from_texts_cuts_windows(byte_tokenizer):
-    prompts = prompts_from_texts(["a" * 50, "b" * 10], byte_tokenizer, 16, stride=20, max_prompts=9)
-    assert [len(p) for p in prompts] == [16, 16]
+def test_prompt_windows_cut_texts_and_name_their_text(byte_tokenizer):
+    texts = ["a" * 50, "b" * 10, "c" * 20]
+    windows = prompt_windows(texts, byte_tokenizer, 16, stride=20, max_prompts=9)
+    assert [index for index, _ in windows] == [0, 0, 2]  # "b" * 10 is too short to cut
+    assert [len(ids) for _, ids in windows] == [16, 16, 16]
+    assert byte_tokenizer.decode(windows[2][1]) == "c" * 16
+    assert len(prompt_windows(texts, byte_tokenizer, 16, stride=20, max_prompts=2)) == 2
     with pytest.raises(ValueError, match="no held-out document has 64 tokens"):
-        prompts_from_texts(["short"], byte_tokenizer, 64, stride=64, max_prompts=4)
+        prompt_windows(["short"], byte_tokenizer, 64, stride=64, max_prompts=4)
 
 
 def test_source_folds_keep_sources_whole_and_cover_every_row():

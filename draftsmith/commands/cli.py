@@ -34,7 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "calibrate": (
         "calibrate:CalibrateCommand",
-        "calibrate an artifact's confidence: ARTIFACT --target NAME --data FILE|SOURCE",
+        "calibrate an artifact's confidence (or --evaluate-only its calibration): ARTIFACT "
+        "--target NAME --data FILE|SOURCE",
     ),
     "export": (
         "engines:ExportCommand",
