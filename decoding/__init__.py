@@ -6,11 +6,23 @@ from draftsmith.decoding.decoder import (
     RoundRecord,
     SpeculativeDecoder,
 )
-from draftsmith.decoding.policy import DraftLengthPolicy
+from draftsmith.decoding.policies import (
+    POLICIES,
+    CostAwarePolicy,
+    DraftPolicy,
+    FixedPolicy,
+    ThresholdPolicy,
+    build_policy,
+)
 from draftsmith.decoding.verify import LosslessVerifier, Verifier, verify_greedy, verify_sampling
 
 __all__ = [
-    "DraftLengthPolicy",
+    "POLICIES",
+    "CostAwarePolicy",
+    "DraftPolicy",
+    "FixedPolicy",
+    "ThresholdPolicy",
+    "build_policy",
     "GenerationResult",
     "GenerationStats",
     "LosslessVerifier",

@@ -141,14 +141,20 @@ class Benchmark:
         *,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
         seed: int = 0,
     ) -> None:
+        if (top_k is not None or top_p is not None) and temperature == 0.0:
+            raise ValueError("top_k and top_p shape sampling: give a temperature > 0 with them")
         self.target = target
         self.tokenizer = tokenizer
         self.decoder = decoder
         self.hf_assist = hf_assist
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
+        self.top_k = top_k
+        self.top_p = top_p
         self.seed = seed
         self.dtype = next(target.parameters()).dtype
         self._float32: PreTrainedModel | None = None
@@ -196,7 +202,7 @@ class Benchmark:
         return result
 
     def _sampling_kwargs(self) -> dict:
-        return {"temperature": self.temperature}
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
     def _hf_kwargs(self) -> dict:
         pad = self.tokenizer.pad_token_id
@@ -209,8 +215,8 @@ class Benchmark:
             **kwargs,
             "do_sample": True,
             "temperature": self.temperature,
-            "top_k": None,
-            "top_p": None,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
         }
 
     @torch.inference_mode()

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import Target
-from draftsmith.decoding.policy import DraftLengthPolicy
+from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RoundOutcome
 from draftsmith.decoding.verify import LosslessVerifier, Verifier
 from draftsmith.heads.base import Draft, Drafter
 
@@ -106,13 +106,13 @@ class SpeculativeDecoder:
         drafter: Drafter,
         tokenizer: PreTrainedTokenizerBase | None = None,
         *,
-        policy: DraftLengthPolicy | None = None,
+        policy: DraftPolicy | None = None,
         verifier: Verifier | None = None,
     ) -> None:
         self.target = target.eval()
         self.drafter = drafter
         self.tokenizer = tokenizer
-        self.policy = policy or DraftLengthPolicy()
+        self.policy = policy or CostAwarePolicy()
         self.verifier = verifier or LosslessVerifier()
         config = target.config.get_text_config()
         self.vocab_size: int = config.vocab_size
@@ -154,15 +154,18 @@ class SpeculativeDecoder:
         target = Target(self.target, self.drafter.target_feature_layers)
         features = target.extend(prompt[:-1])[1] if prompt.numel() > 1 else None
         self.drafter.start(prompt, features)
+        self.policy.start(self.target)
         last_token = int(prompt[-1])
         generated: list[int] = []
         while len(generated) < max_new_tokens:
+            round_started = time.perf_counter()
             # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
             shape = self.policy.shape().capped(max_new_tokens - len(generated) - 1)
             draft = self.drafter.propose(
                 shape, sampling, generator, self.policy.stop_fn(), self.policy.acceptance_fn()
             )
             draft = self.policy.trim(draft)
+            draft_s = time.perf_counter() - round_started
             committed = target.length
             # Row 0 is the newest committed token, the tree's root; node i is row 1 + i.
             block = torch.cat([torch.tensor([last_token]), draft.tokens])
@@ -182,6 +185,8 @@ class SpeculativeDecoder:
             )
             generated.extend(new_tokens)
             last_token = next_token
+            round_s = time.perf_counter() - round_started
+            self.policy.observe(RoundOutcome(draft, path, draft_s, round_s))
             end = self._end_of_generation(generated, len(generated) - len(new_tokens), stop_strings)
             if end is not None:
                 del generated[end:]

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from draftsmith.decoding.benchmark import Benchmark
+from draftsmith.decoding.policies import FixedPolicy
 from draftsmith.heads.base import TreeShape
 
 SWEEP_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -15,7 +16,7 @@ SWEEP_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 def tree_size_sweep(bench: Benchmark, prompts: list[dict], shape: TreeShape) -> list[dict]:
     """Decode every prompt with trees of `shape` cut to each size in SWEEP_SIZES (up to the
-    shape's most nodes), without a cost curve. Returns one record per size: size,
+    shape's most nodes), with the bench policy's acceptance model and no cost curve. Returns one record per size: size,
     mean_accepted_length, tokens_per_s (the decoder alone, after the bench's warm-up)."""
     decoder = bench.decoder
     policy = decoder.policy
@@ -23,7 +24,8 @@ def tree_size_sweep(bench: Benchmark, prompts: list[dict], shape: TreeShape) -> 
     points = []
     try:
         for size in [s for s in SWEEP_SIZES if s <= shape.max_tokens]:
-            decoder.policy = replace(policy, tree=replace(shape, total_tokens=size), cost=None)
+            tree = replace(shape, total_tokens=size)
+            decoder.policy = FixedPolicy(tree=tree, acceptance=policy.acceptance)
             tokens = forwards = 0
             wall = 0.0
             for ids in encoded:

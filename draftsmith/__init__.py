@@ -12,7 +12,10 @@ __version__ = version("draftsmith")
 
 _EXPORTS = {
     "SpeculativeDecoder": "draftsmith.decoding",
-    "DraftLengthPolicy": "draftsmith.decoding",
+    "DraftPolicy": "draftsmith.decoding",
+    "CostAwarePolicy": "draftsmith.decoding",
+    "FixedPolicy": "draftsmith.decoding",
+    "build_policy": "draftsmith.decoding",
     "Drafter": "draftsmith.heads",
     "fetch_model": "draftsmith.core.zoo",
     "load_acceptance_model": "draftsmith.artifact",

@@ -13,7 +13,7 @@ from conftest import tiny_model
 from head_helpers import HEADS, build_head, fit, target_batch
 from safetensors.torch import load_file, save_file
 
-from draftsmith import DraftLengthPolicy, SpeculativeDecoder, load_acceptance_model, load_drafter
+from draftsmith import FixedPolicy, SpeculativeDecoder, load_acceptance_model, load_drafter
 from draftsmith.artifact import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -81,7 +81,7 @@ def test_round_trip_gives_the_same_drafts(name, artifacts, target):
         assert torch.equal(a.tokens, b.tokens)
         torch.testing.assert_close(a.logits, b.logits)
     prompt = torch.tensor([5, 6, 7])
-    policy = DraftLengthPolicy(max_draft_tokens=3)
+    policy = FixedPolicy(max_draft_tokens=3)
     expected = SpeculativeDecoder(target, original, policy=policy).generate(prompt, 16)
     got = SpeculativeDecoder(target, loaded, policy=policy).generate(prompt, 16)
     assert got.tokens == expected.tokens
@@ -309,13 +309,13 @@ def test_calibration_beside_the_artifact_becomes_the_policy_acceptance_model(art
     draft_logits = torch.randn(6, 256, generator=torch.Generator().manual_seed(0))
     signals = confidence_signals(draft_logits)
     assert load_acceptance_model(artifact) is None
-    raw = DraftLengthPolicy(acceptance=load_acceptance_model(artifact))
+    raw = FixedPolicy(acceptance=load_acceptance_model(artifact))
     torch.testing.assert_close(raw.acceptance_prob(signals), signals["top1_prob"])
 
     rng = np.random.default_rng(0)
     calibrator = PlattScaling().fit(rng.uniform(size=200), rng.uniform(size=200) < 0.3)
     calibrator.save(artifact)
-    policy = DraftLengthPolicy(acceptance=load_acceptance_model(artifact))
+    policy = FixedPolicy(acceptance=load_acceptance_model(artifact))
     expected = calibrator.predict_signals(signals)
     torch.testing.assert_close(policy.acceptance_prob(signals), expected)
     assert not torch.allclose(expected, signals["top1_prob"])

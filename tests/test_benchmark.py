@@ -11,7 +11,7 @@ import torch
 from conftest import perturbed_copy, tiny_model
 
 from draftsmith.commands.bench import bundled_prompts
-from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.decoding.benchmark import (
     FLOAT32_ULPS,
     Benchmark,
@@ -38,7 +38,7 @@ def test_report_has_every_key_and_greedy_identity(llama, byte_tokenizer, kind):
     else:
         drafter, assist = NgramDrafter(), {"prompt_lookup_num_tokens": 4}
     decoder = SpeculativeDecoder(
-        llama, drafter, byte_tokenizer, policy=DraftLengthPolicy(max_draft_tokens=4)
+        llama, drafter, byte_tokenizer, policy=FixedPolicy(max_draft_tokens=4)
     )
     report = Benchmark(llama, byte_tokenizer, decoder, assist, max_new_tokens=10).run(PROMPTS)
     assert set(report["workloads"]) == {"code", "prose"}

@@ -8,7 +8,7 @@ from conftest import greedy_reference, perturbed_copy
 from head_helpers import build_head, fit
 
 from draftsmith.calibration.collect import collect_from_decoding, collect_teacher_forced
-from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
 
 PROMPTS = [[5, 6, 7], [40, 41], [100, 7, 3, 9]]
@@ -16,7 +16,7 @@ PROMPTS = [[5, 6, 7], [40, 41], [100, 7, 3, 9]]
 
 def test_identical_drafter_is_always_accepted(llama):
     decoder = SpeculativeDecoder(
-        llama, DraftModelDrafter(llama), policy=DraftLengthPolicy(max_draft_tokens=4)
+        llama, DraftModelDrafter(llama), policy=FixedPolicy(max_draft_tokens=4)
     )
     rows = collect_from_decoding(decoder, PROMPTS, max_new_tokens=10)
     assert len(rows) > 0
@@ -28,7 +28,7 @@ def test_rows_stop_at_the_first_rejection(llama):
     decoder = SpeculativeDecoder(
         llama,
         DraftModelDrafter(perturbed_copy(llama, 0.05)),
-        policy=DraftLengthPolicy(max_draft_tokens=4),
+        policy=FixedPolicy(max_draft_tokens=4),
     )
 
     rows = collect_from_decoding(decoder, PROMPTS, max_new_tokens=16, temperature=1.0)
@@ -59,7 +59,7 @@ def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, na
     prompt, new = [5, 6, 7], 24
     text = prompt + greedy_reference(llama, torch.tensor(prompt), new)
     decoder = SpeculativeDecoder(
-        llama, head.as_drafter(llama), policy=DraftLengthPolicy(max_draft_tokens=head.num_steps)
+        llama, head.as_drafter(llama), policy=FixedPolicy(max_draft_tokens=head.num_steps)
     )
     decoded = collect_from_decoding(decoder, [prompt], max_new_tokens=new)
     loss_mask = torch.tensor([0] * len(prompt) + [1] * new)

@@ -284,7 +284,7 @@ def test_empty_calibration_data(models, tmp_path, capsys):
     line = fails(
         capsys, ["calibrate", str(models / "drafter"), "--target", "unused", "--data", str(empty)]
     )
-    assert f"data source {empty} holds no documents" in line
+    assert f"calibration data {empty} holds no records" in line
 
 
 def test_unknown_calibration_method(capsys):

@@ -8,7 +8,8 @@ from conftest import MarkovTarget, OracleDrafter, greedy_reference, perturbed_co
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.decoding import ThresholdPolicy
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
 
 prompts = st.lists(st.integers(1, 255), min_size=1, max_size=12)
@@ -34,7 +35,7 @@ def test_greedy_identity(arch, kind, llama, qwen2, prompt, draft_len, max_new):
     target = {"llama": llama, "qwen2": qwen2}[arch]
     prompt = torch.tensor(prompt)
     decoder = SpeculativeDecoder(
-        target, _drafter(kind, target), policy=DraftLengthPolicy(max_draft_tokens=draft_len)
+        target, _drafter(kind, target), policy=FixedPolicy(max_draft_tokens=draft_len)
     )
     result = decoder.generate(prompt, max_new_tokens=max_new)
     assert result.tokens == greedy_reference(target, prompt, max_new)
@@ -47,7 +48,7 @@ def test_greedy_identity(arch, kind, llama, qwen2, prompt, draft_len, max_new):
 def test_same_model_drafter_accepts_everything(llama):
     prompt = torch.tensor([5, 17, 42])
     result = SpeculativeDecoder(
-        llama, DraftModelDrafter(llama), policy=DraftLengthPolicy(max_draft_tokens=4)
+        llama, DraftModelDrafter(llama), policy=FixedPolicy(max_draft_tokens=4)
     ).generate(prompt, max_new_tokens=20)
     assert result.stats.accepted == result.stats.drafted
     assert result.stats.target_forwards == 4  # 5 + 5 + 5 + 5 tokens
@@ -61,7 +62,7 @@ def test_oracle_stub_accepts_first_j(llama, correct):
     prompt = torch.tensor([3, 9, 27])
     reference = greedy_reference(llama, prompt, max_new)
     drafter = OracleDrafter(reference, vocab_size=256, correct=correct)
-    decoder = SpeculativeDecoder(llama, drafter, policy=DraftLengthPolicy(max_draft_tokens=k))
+    decoder = SpeculativeDecoder(llama, drafter, policy=FixedPolicy(max_draft_tokens=k))
     result = decoder.generate(prompt, max_new_tokens=max_new)
     assert result.tokens == reference
     by_position = result.stats.acceptance_by_position
@@ -84,7 +85,7 @@ def test_eos_inside_a_draft_stops_where_generate_stops(kind):
     expected = greedy_reference(target, prompt, 24)
     assert expected[-1] == eos and len(expected) < 24
     decoder = SpeculativeDecoder(
-        target, _drafter(kind, target), policy=DraftLengthPolicy(max_draft_tokens=5)
+        target, _drafter(kind, target), policy=FixedPolicy(max_draft_tokens=5)
     )
     assert decoder.generate(prompt, max_new_tokens=24).tokens == expected
 
@@ -92,7 +93,7 @@ def test_eos_inside_a_draft_stops_where_generate_stops(kind):
 def test_confidence_stop_keeps_identity(llama):
     prompt = torch.tensor([1, 2, 3, 4])
     draft = perturbed_copy(llama, scale=0.05)
-    policy = DraftLengthPolicy(max_draft_tokens=8, min_path_confidence=0.5)
+    policy = ThresholdPolicy(max_draft_tokens=8, min_path_confidence=0.5)
     result = SpeculativeDecoder(llama, DraftModelDrafter(draft), policy=policy).generate(
         prompt, max_new_tokens=30
     )
@@ -104,7 +105,7 @@ def test_confidence_stop_keeps_identity(llama):
 def test_drafters_used_above_accept_partially(llama):
     """Guards the identity tests above: they must exercise partial acceptance, not only
     accept-all or reject-all."""
-    policy = DraftLengthPolicy(max_draft_tokens=4)
+    policy = FixedPolicy(max_draft_tokens=4)
     prompt = torch.tensor([5, 6, 7])
     perturbed = SpeculativeDecoder(llama, _drafter("perturbed", llama), policy=policy)
     stats = perturbed.generate(prompt, max_new_tokens=40).stats

@@ -10,7 +10,7 @@ import torch
 from conftest import greedy_reference, tiny_model
 from head_helpers import HEADS, REDUCED_VOCAB, TRAIN_PROMPTS, build_head, fit, target_batch
 
-from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.config import ConfigError, config_to_dict
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import TargetBatch
@@ -302,7 +302,7 @@ def test_untrained_heads_decode_losslessly(name, arch, llama, qwen2):
     for prompt, draft_len in (([9], 3), ([4, 8, 15, 16, 23], 5)):
         prompt = torch.tensor(prompt)
         decoder = SpeculativeDecoder(
-            target, drafter, policy=DraftLengthPolicy(max_draft_tokens=draft_len)
+            target, drafter, policy=FixedPolicy(max_draft_tokens=draft_len)
         )
         result = decoder.generate(prompt, max_new_tokens=16)
         assert result.tokens == greedy_reference(target, prompt, 16)
@@ -317,7 +317,7 @@ def test_untrained_heads_decode_losslessly(name, arch, llama, qwen2):
 def test_trained_heads_accept_partially_and_stay_lossless(name, trained):
     target, head = trained(name)
     drafter = head.as_drafter(target)
-    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_draft_tokens=3))
+    decoder = SpeculativeDecoder(target, drafter, policy=FixedPolicy(max_draft_tokens=3))
     drafted = accepted = 0
     for prompt in [*TRAIN_PROMPTS, [9, 9, 9]]:
         prompt = torch.tensor(prompt)
@@ -346,7 +346,7 @@ def test_own_cache_after_decoding_equals_a_fresh_prefill(name, trained):
     target, head = trained(name)
     drafter = head.as_drafter(target)
     prompt = [40, 41]  # near a training path: partly accepted
-    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_draft_tokens=3))
+    decoder = SpeculativeDecoder(target, drafter, policy=FixedPolicy(max_draft_tokens=3))
     result = decoder.generate(prompt, max_new_tokens=20)
     assert 0 < result.stats.accepted < result.stats.drafted
     committed = torch.tensor(prompt + result.tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from conftest import perturbed_copy
 
-from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.target import Target
 from draftsmith.heads import DraftModelDrafter
 
@@ -36,7 +36,7 @@ def test_draft_model_cache_matches_committed_tokens_after_decoding(llama):
     draft = perturbed_copy(llama, scale=0.05)
     drafter = DraftModelDrafter(draft)
     prompt = [9, 10, 11]
-    decoder = SpeculativeDecoder(llama, drafter, policy=DraftLengthPolicy(max_draft_tokens=4))
+    decoder = SpeculativeDecoder(llama, drafter, policy=FixedPolicy(max_draft_tokens=4))
     result = decoder.generate(prompt, max_new_tokens=25)
     assert 0 < result.stats.accepted < result.stats.drafted  # rejections happened
     committed = prompt + result.tokens

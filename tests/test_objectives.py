@@ -9,7 +9,7 @@ import torch
 from conftest import greedy_reference
 from head_helpers import build_head, fit, target_batch
 
-from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.train.objectives import (
     DIVERGENCES,
     Agreement,
@@ -232,7 +232,7 @@ def test_tau_sim_replays_greedy_decoding_on_the_targets_own_text(llama):
     prompt, new = [5, 6, 7], 40
     text = torch.tensor(prompt + greedy_reference(llama, torch.tensor(prompt), new))
     decoder = SpeculativeDecoder(
-        llama, head.as_drafter(llama), policy=DraftLengthPolicy(max_draft_tokens=head.num_steps)
+        llama, head.as_drafter(llama), policy=FixedPolicy(max_draft_tokens=head.num_steps)
     )
     stats = decoder.generate(prompt, max_new_tokens=new).stats
 

@@ -1,11 +1,25 @@
-"""Draft-length policy: stopping on the (calibrated) path confidence of the policy's acceptance model."""
+"""Draft policies: each policy's stop rule and sizing, the cost-aware fall-back to plain decoding,
+and greedy identity whatever a policy decides."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-from conftest import greedy_reference
+from conftest import greedy_reference, tiny_model
 
-from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.decoding import (
+    POLICIES,
+    CostAwarePolicy,
+    SpeculativeDecoder,
+    ThresholdPolicy,
+    build_policy,
+)
+from draftsmith.decoding.policies import (
+    AdaEDLPolicy,
+    ConfidenceModulatedPolicy,
+    RoundOutcome,
+    SpecDecPlusPlusPolicy,
+)
 from draftsmith.decoding.profile import CostCurve
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
 
@@ -22,54 +36,167 @@ class ConstantCalibrator:
         return torch.full_like(signals["top1_prob"], self.p)
 
 
-def _drafts(llama, p: float, threshold: float):
-    drafter = DraftModelDrafter(llama)
-    calibrator = ConstantCalibrator(p)
-    policy = DraftLengthPolicy(
-        max_draft_tokens=6, min_path_confidence=threshold, acceptance=calibrator
-    )
-    prompt = torch.tensor([2, 4, 6])
-    result = SpeculativeDecoder(llama, drafter, policy=policy).generate(prompt, max_new_tokens=21)
-    assert result.tokens == greedy_reference(llama, prompt, 21)
-    return result.stats, calibrator
-
-
-def test_calibrated_confidence_sets_the_draft_length(llama):
-    # path after j tokens is 0.6**j: 0.6, 0.36, 0.216 -> the third token falls below 0.3.
-    stats, calibrator = _drafts(llama, p=0.6, threshold=0.3)
-    assert stats.drafted_by_position[2:3] and len(stats.drafted_by_position) == 3
-    assert calibrator.seen_positions[:3] == [0.0, 1.0, 2.0]
-
-
-def test_confident_drafter_drafts_to_the_maximum(llama):
-    stats, _ = _drafts(llama, p=0.99, threshold=0.3)
-    assert len(stats.drafted_by_position) == 6
-
-
-def test_without_threshold_the_calibrator_is_not_consulted(llama):
-    _, calibrator = _drafts(llama, p=0.1, threshold=0.0)
-    assert calibrator.seen_positions == []
-
-
-# -- trees ---------------------------------------------------------------------------------------
-
-
 def _curve(verify_s: list[float]) -> CostCurve:
     return CostCurve(tokens=list(range(1, len(verify_s) + 1)), verify_s=verify_s, context=8)
 
 
-def _valued_draft(values: list[float]) -> Draft:
-    """A chain whose node values are given (non-increasing, as along any path)."""
-    return Draft(tokens=torch.arange(len(values)), values=torch.tensor(values))
+def _decode(llama, policy, max_new: int = 21, drafter=None):
+    prompt = torch.tensor([2, 4, 6])
+    drafter = drafter or DraftModelDrafter(llama)
+    result = SpeculativeDecoder(llama, drafter, policy=policy).generate(prompt, max_new)
+    assert result.tokens == greedy_reference(llama, prompt, max_new)
+    return result.stats
 
 
-def test_a_flat_cost_keeps_every_valuable_node_and_a_steep_one_none():
+def _stop_length(policy, logits: torch.Tensor, limit: int = 8) -> int:
+    """Tokens a chain drafts under policy's stop rule when every draft distribution is logits."""
+    stop = policy.stop_fn()
+    for position in range(limit):
+        if stop is not None and stop(position, logits):
+            return position + 1
+    return limit
+
+
+# -- threshold -----------------------------------------------------------------------------------
+
+
+def test_calibrated_confidence_sets_the_draft_length(llama):
+    # path after j tokens is 0.6**j: 0.6, 0.36, 0.216 -> the third token falls below 0.3.
+    calibrator = ConstantCalibrator(0.6)
+    policy = ThresholdPolicy(max_draft_tokens=6, min_path_confidence=0.3, acceptance=calibrator)
+    stats = _decode(llama, policy)
+    assert len(stats.drafted_by_position) == 3
+    assert calibrator.seen_positions[:3] == [0.0, 1.0, 2.0]
+
+
+def test_confident_drafter_drafts_to_the_maximum(llama):
+    policy = ThresholdPolicy(max_draft_tokens=6, acceptance=ConstantCalibrator(0.99))
+    assert len(_decode(llama, policy).drafted_by_position) == 6
+
+
+def test_without_threshold_the_calibrator_is_not_consulted(llama):
+    calibrator = ConstantCalibrator(0.1)
+    _decode(
+        llama, ThresholdPolicy(max_draft_tokens=6, min_path_confidence=0.0, acceptance=calibrator)
+    )
+    assert calibrator.seen_positions == []
+
+
+# -- specdec++, adaedl, cm-asd -------------------------------------------------------------------
+
+
+def test_specdec_stops_once_a_rejection_is_more_likely_than_the_threshold():
+    # survival 0.8 ** n: 0.8, 0.64, 0.512, 0.41 -> P(some rejected) passes 0.5 at the 4th token.
+    policy = SpecDecPlusPlusPolicy(rejection_threshold=0.5, acceptance=ConstantCalibrator(0.8))
+    assert _stop_length(policy, torch.zeros(1, 5)) == 4
+    loose = SpecDecPlusPlusPolicy(rejection_threshold=0.9, acceptance=ConstantCalibrator(0.8))
+    assert _stop_length(loose, torch.zeros(1, 5)) == 11 - 3  # 0.8**11 < 0.1: capped at 8
+
+
+def test_adaedl_stops_on_uncertain_drafts_and_tightens_when_drafts_are_rejected():
+    confident, uncertain = torch.tensor([[20.0, 0.0, 0.0, 0.0]]), torch.zeros(1, 4)
+    policy = AdaEDLPolicy()
+    assert _stop_length(policy, confident) == 8
+    assert _stop_length(policy, uncertain) == 1  # 1 - sqrt(0.5 * log 4) < 0.3
+    before = policy.threshold
+    rejected = RoundOutcome(Draft(tokens=torch.arange(4)), [], draft_s=0.0, round_s=1.0)
+    for _ in range(5):
+        policy.observe(rejected)
+    assert policy.threshold > before
+    policy.start()
+    assert policy.threshold == before
+
+
+def test_cm_asd_drafts_long_when_confident_and_short_when_not():
+    policy = ConfidenceModulatedPolicy(max_draft_tokens=8, min_draft_tokens=2)
+    assert _stop_length(policy, torch.tensor([[30.0, 0.0, 0.0, 0.0]])) == 8
+    assert _stop_length(policy, torch.zeros(1, 4)) == 2
+    # Half confident (margin ~0.5, entropy ~half the maximum): about half way.
+    middle = _stop_length(policy, torch.tensor([[1.6, 0.0, 0.0, 0.0]]))
+    assert 2 < middle < 8
+
+
+# -- cost-aware ----------------------------------------------------------------------------------
+
+
+def test_cost_aware_drafts_long_when_verification_is_flat_and_acceptance_high(llama):
+    policy = CostAwarePolicy(
+        max_draft_tokens=6, cost=_curve([1.0] * 8), acceptance=ConstantCalibrator(0.9)
+    )
+    assert len(_decode(llama, policy).drafted_by_position) == 6
+
+
+def test_cost_aware_drafts_nothing_when_each_token_costs_a_full_forward(llama):
+    # Verifying n tokens costs n forwards: no acceptance below 1 makes a draft pay.
+    policy = CostAwarePolicy(
+        max_draft_tokens=6,
+        cost=_curve([float(n) for n in range(1, 9)]),
+        acceptance=ConstantCalibrator(0.7),
+    )
+    stats = _decode(llama, policy)
+    assert stats.drafted == 0 and stats.target_forwards == 21
+
+
+def test_cost_aware_stops_where_the_curve_steps_up(llama):
+    # Up to 4 tokens cost one forward, beyond that each costs a full forward.
+    policy = CostAwarePolicy(
+        max_draft_tokens=6,
+        cost=_curve([1.0, 1.0, 1.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
+        acceptance=ConstantCalibrator(0.8),
+    )
+    assert len(_decode(llama, policy).drafted_by_position) == 3
+
+
+def _round(committed: int, round_s: float, drafted: int = 4) -> RoundOutcome:
+    draft = Draft(tokens=torch.arange(drafted))
+    return RoundOutcome(draft, list(range(committed - 1)), draft_s=0.1, round_s=round_s)
+
+
+def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_rounds=2, first_backoff=2)
+    losing = _round(committed=1, round_s=1.5)  # 0.67 tokens/s against plain's 1.0
+    for _ in range(2):
+        assert policy.shape().max_tokens > 0
+        policy.observe(losing)
+    plain = [policy.shape().max_tokens for _ in range(1)]
+    assert plain == [0] and not policy.speculating
+    for _ in range(2):  # the plain stretch, measured at 1 s a round
+        assert policy.shape().max_tokens == 0
+        policy.observe(_round(committed=1, round_s=1.0, drafted=0))
+    assert policy.speculating  # the probe
+    for _ in range(2):
+        policy.observe(losing)
+    for _ in range(4):  # the probe lost: twice as long a stretch
+        assert policy.shape().max_tokens == 0
+        policy.observe(_round(committed=1, round_s=1.0, drafted=0))
+    for _ in range(2):  # the probe wins: speculation resumes for good
+        policy.observe(_round(committed=4, round_s=1.5))
+    for _ in range(5):
+        assert policy.shape().max_tokens > 0
+        policy.observe(_round(committed=4, round_s=1.5))
+
+
+def test_cost_aware_falls_back_when_the_drafter_is_useless(llama):
+    useless = DraftModelDrafter(tiny_model("llama", seed=99))
+    policy = CostAwarePolicy(max_draft_tokens=4, cost=_curve([1e-3] * 6))
+    stats = _decode(llama, policy, max_new=60, drafter=useless)
+    # Rounds after the first fall-back mostly draft nothing.
+    assert stats.drafted < 2 * stats.target_forwards
+
+
+def test_cost_aware_measures_the_curve_when_given_none(llama):
+    policy = CostAwarePolicy(max_draft_tokens=3)
+    _decode(llama, policy, max_new=6)
+    assert policy.cost is not None and policy.cost.tokens[-1] == 4
+
+
+def test_the_cost_curve_cuts_trees_and_sizes_the_next_one():
     tree = TreeShape(top_k=4, depth=4, total_tokens=16)
-    draft = _valued_draft([0.9, 0.8, 0.7, 0.6])
-    flat = DraftLengthPolicy(tree=tree, cost=_curve([1.0] * 6))
+    draft = Draft(tokens=torch.arange(4), values=torch.tensor([0.9, 0.8, 0.7, 0.6]))
+    flat = CostAwarePolicy(tree=tree, cost=_curve([1.0] * 6))
     assert len(flat.trim(draft)) == 4
     assert flat.shape() == TreeShape(top_k=4, depth=4, total_tokens=16)  # budget 8, capped
-    steep = DraftLengthPolicy(tree=tree, cost=_curve([1.0, 3.0, 5.0, 7.0, 9.0, 11.0]))
+    steep = CostAwarePolicy(tree=tree, cost=_curve([1.0, 3.0, 5.0, 7.0, 9.0, 11.0]))
     assert len(steep.trim(draft)) == 0
     # The next round drafts a small tree: drafting costs no more than the verification it feeds.
     assert steep.shape() == TreeShape(top_k=2, depth=2, total_tokens=16)
@@ -77,13 +204,40 @@ def test_a_flat_cost_keeps_every_valuable_node_and_a_steep_one_none():
 
 def test_calibrated_acceptance_ranks_tree_nodes(llama):
     calibrator = ConstantCalibrator(0.5)
-    policy = DraftLengthPolicy(tree=TreeShape(top_k=2, depth=2), acceptance=calibrator)
+    policy = build_policy("fixed", tree=TreeShape(top_k=2, depth=2), acceptance=calibrator)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     accept = policy.acceptance_fn()(logits, torch.tensor([1]), torch.tensor([0.7]))
     probs = logits.softmax(-1)
     # The top-1 token gets the calibrated 0.5; the others in proportion to their draft probs.
     torch.testing.assert_close(accept, 0.5 * probs / probs.max())
     assert calibrator.seen_positions == [1.0]
-    prompt = torch.tensor([2, 4, 6])
-    decoder = SpeculativeDecoder(llama, DraftModelDrafter(llama), policy=policy)
-    assert decoder.generate(prompt, max_new_tokens=12).tokens == greedy_reference(llama, prompt, 12)
+    _decode(llama, policy, max_new=12)
+
+
+# -- every policy by name ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_keeps_greedy_output_identical(llama, name):
+    options = {"cost": _curve([1.0, 1.2, 1.4, 1.6, 1.8])} if name == "cost-aware" else {}
+    policy = build_policy(name, max_draft_tokens=4, **options)
+    drafter = DraftModelDrafter(tiny_model("llama", seed=3))
+    _decode(llama, policy, max_new=16, drafter=drafter)
+    _decode(llama, policy, max_new=16, drafter=DraftModelDrafter(llama))
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("greedy-ish", {}, "unknown draft policy"),
+        ("threshold", {"min_path_confidence": 1.5}, "min_path_confidence"),
+        ("specdec++", {"rejection_threshold": 0.0}, "rejection_threshold"),
+        ("adaedl", {"gamma": -1.0}, "gamma"),
+        ("cm-asd", {"alpha": 2.0}, "alpha"),
+        ("cost-aware", {"max_backoff": 1, "first_backoff": 4}, "first_backoff"),
+        ("fixed", {"min_path_confidence": 0.4}, "takes no option"),
+    ],
+)
+def test_bad_policy_options_are_clear_errors(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        build_policy(name, **options)

@@ -14,7 +14,7 @@ import torch
 from conftest import MarkovTarget, TableDrafter, tiny_model
 from scipy.stats import chisquare
 
-from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import verify_sampling
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
@@ -136,7 +136,7 @@ def test_three_token_sequences_follow_the_target(name, drafter_kind):
         drafter = TableDrafter(torch.randn(3, vocab, generator=torch.Generator().manual_seed(2)))
     else:
         drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
-    decoder = SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(max_draft_tokens=3))
+    decoder = SpeculativeDecoder(target, drafter, policy=FixedPolicy(max_draft_tokens=3))
     counts = Counter()
     drafted = accepted = 0
     for seed in range(n):
@@ -252,7 +252,7 @@ def test_three_token_sequences_follow_the_target_with_trees(shape, name):
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(2))
     drafter = SampledTreeDrafter(logits, TREE_SHAPES[shape])
     tree = TreeShape(top_k=2, depth=3)  # any tree shape: this drafter grows its own
-    decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=DraftLengthPolicy(tree=tree))
+    decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=FixedPolicy(tree=tree))
     counts = Counter()
     for seed in range(n):
         result = decoder.generate(
@@ -267,7 +267,7 @@ def test_draft_model_trees_sample_the_target_distribution():
     vocab, n = 4, 3000
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
     drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
-    policy = DraftLengthPolicy(tree=TreeShape(top_k=2, depth=3, total_tokens=5))
+    policy = FixedPolicy(tree=TreeShape(top_k=2, depth=3, total_tokens=5))
     decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy)
     counts = Counter()
     n = 2000

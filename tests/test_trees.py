@@ -8,7 +8,7 @@ import torch
 from conftest import greedy_reference, perturbed_copy, tiny_model
 from head_helpers import HEADS, build_head
 
-from draftsmith import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import Target
 from draftsmith.core.tree import ancestor_mask, tree_attention, tree_depths
@@ -133,7 +133,7 @@ TREE = TreeShape(top_k=3, depth=4, total_tokens=12)
 
 
 def _tree_decoder(target, drafter):
-    return SpeculativeDecoder(target, drafter, policy=DraftLengthPolicy(tree=TREE))
+    return SpeculativeDecoder(target, drafter, policy=FixedPolicy(tree=TREE))
 
 
 @pytest.mark.parametrize("kind", ["perturbed", "unrelated", "ngram"])
@@ -165,8 +165,8 @@ def test_a_tree_accepts_more_than_a_chain_from_the_same_drafter(llama):
     draft_model = perturbed_copy(llama, scale=0.6)
     accepted = {}
     for name, policy in {
-        "chain": DraftLengthPolicy(max_draft_tokens=4),
-        "tree": DraftLengthPolicy(tree=TreeShape(top_k=4, depth=4, total_tokens=16)),
+        "chain": FixedPolicy(max_draft_tokens=4),
+        "tree": FixedPolicy(tree=TreeShape(top_k=4, depth=4, total_tokens=16)),
     }.items():
         decoder = SpeculativeDecoder(llama, DraftModelDrafter(draft_model), policy=policy)
         result = decoder.generate(torch.tensor([4, 8, 15, 16, 23]), max_new_tokens=48)

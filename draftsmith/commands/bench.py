@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from draftsmith.core.models import Dtype
+from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
 from draftsmith.heads.base import TreeShape
 
 BUNDLED_PROMPTS = "bench_prompts.jsonl"
@@ -39,21 +40,32 @@ class BenchCommand:
     """Tokens generated after each prompt."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy."""
+    top_p: float | None = None
+    """Sample from the smallest set of tokens holding this probability (with --temperature)."""
+    top_k: int | None = None
+    """Sample from the k most likely tokens (with --temperature)."""
     limit: int | None = None
     """Use the first N prompts; None: all."""
     dtype: Dtype = "auto"
     """Precision of the target and draft model (auto: the checkpoint's own)."""
+    policy: str = DEFAULT_POLICY
+    """How much to draft each round: cost-aware (maximise expected tokens per second under the
+    target's measured verification cost, `draftsmith profile`, run here on first use, and fall
+    back to plain decoding while speculation is slower), fixed, threshold (stop once the path's
+    acceptance falls below --min-path-confidence), cm-asd, specdec++ or adaedl."""
+    policy_option: list[str] = field(default_factory=list)
+    """KEY=VALUE options of the policy (its fields, e.g. rejection_threshold=0.6 for specdec++)."""
     draft_tokens: int = 8
     """Most tokens drafted per round."""
-    min_path_confidence: float = 0.0
-    """Stop a draft once its cumulative acceptance probability (calibrated when the artifact has
-    a calibration, else the raw top-1 probabilities) falls below this; 0: never stop early."""
+    min_path_confidence: float | None = None
+    """threshold: stop a draft once its cumulative acceptance probability (calibrated when the
+    artifact has a calibration, else the raw top-1 probabilities) falls below this (default
+    0.4). Setting it picks the threshold policy."""
     tree: str = "chain"
     """The draft each round: chain (up to --draft-tokens tokens), TOP_K,DEPTH,TOTAL (an EAGLE-2
-    dynamic tree: each depth expands the TOP_K most valuable nodes, TOTAL nodes kept), or auto
-    (the tree AUTO_TREE, cut each round to the size that maximises expected accepted tokens per
-    second under the target's measured verification cost: `draftsmith profile`, run here on
-    first use)."""
+    dynamic tree: each depth expands the TOP_K most valuable nodes, TOTAL nodes kept; the
+    cost-aware policy cuts it to the size of best expected speed), or auto (the cost-aware
+    policy on the tree AUTO_TREE)."""
     plot: Path | None = None
     """Also decode the prompts at a range of tree sizes and plot accepted length and tokens/s
     against tree size to this PNG, marking where auto's budget lands."""
@@ -62,12 +74,28 @@ class BenchCommand:
     json: Path | None = None
     """Write the report here as JSON."""
 
+    def __post_init__(self) -> None:
+        # Bad flags fail before any model loads.
+        if self.min_path_confidence is not None:
+            if self.policy not in (DEFAULT_POLICY, "threshold"):
+                raise ValueError(
+                    f"--min-path-confidence sets the threshold policy; drop it or --policy "
+                    f"{self.policy}"
+                )
+            self.policy = "threshold"
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown --policy {self.policy!r}: choose one of {sorted(POLICIES)}")
+        if self.tree == "auto" and self.policy != DEFAULT_POLICY:
+            raise ValueError(f"--tree auto is the {DEFAULT_POLICY} policy's; drop --policy")
+        parse_tree(self.tree)
+        parse_options(self.policy_option)
+
     def run(self) -> dict:
         import torch
 
         from draftsmith.commands.drafter_spec import build_drafter, check_spec
         from draftsmith.core.models import load_model
-        from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+        from draftsmith.decoding import SpeculativeDecoder
         from draftsmith.decoding.benchmark import (
             Benchmark,
             format_divergence,
@@ -77,16 +105,9 @@ class BenchCommand:
 
         prompts = load_prompts(self.prompts, self.limit)
         check_spec(self.drafter)  # a bad drafter fails before the target loads
-        tree = parse_tree(self.tree)
         target, tokenizer = load_model(self.target, dtype=self.dtype)
         built = build_drafter(self.drafter, target, tokenizer, dtype=self.dtype)
-        policy = DraftLengthPolicy(
-            max_draft_tokens=self.draft_tokens,
-            min_path_confidence=self.min_path_confidence,
-            acceptance=built.acceptance,
-            tree=AUTO_TREE if tree == "auto" else tree,
-            cost=cost_curve(target, self.target) if tree == "auto" else None,
-        )
+        policy = self.build_policy(target, built.acceptance)
         decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
         bench = Benchmark(
             target,
@@ -95,6 +116,8 @@ class BenchCommand:
             built.hf_assist,
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
             seed=self.seed,
         )
         report = bench.run(prompts)
@@ -118,6 +141,44 @@ class BenchCommand:
             self.json.write_text(json.dumps(report, indent=2) + "\n")
             print(f"wrote {self.json}")
         return report
+
+    def build_policy(self, target, acceptance):
+        """The --policy with its options, the drafter's acceptance model and, for cost-aware, the
+        target's stored cost curve."""
+        from draftsmith.decoding import build_policy
+
+        tree = parse_tree(self.tree)
+        options = {
+            "max_draft_tokens": self.draft_tokens,
+            "tree": AUTO_TREE if tree == "auto" else tree,
+            "acceptance": acceptance,
+            **parse_options(self.policy_option),
+        }
+        if self.policy == "threshold" and self.min_path_confidence is not None:
+            options["min_path_confidence"] = self.min_path_confidence
+        if self.policy == DEFAULT_POLICY:
+            options["cost"] = cost_curve(target, self.target)
+        return build_policy(self.policy, **options)
+
+
+def parse_options(pairs: list[str]) -> dict[str, int | float | str]:
+    """KEY=VALUE strings as a dict, numbers as numbers."""
+    options: dict[str, int | float | str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(
+                f"policy option {pair!r}: give KEY=VALUE, e.g. rejection_threshold=0.6"
+            )
+        for kind in (int, float):
+            try:
+                options[key] = kind(value)
+                break
+            except ValueError:
+                continue
+        else:
+            options[key] = value
+    return options
 
 
 def parse_tree(spec: str) -> TreeShape | Literal["auto"] | None:

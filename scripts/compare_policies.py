@@ -1,12 +1,17 @@
-"""Chain against draft trees for one drafter, side by side in one run: every prompt is decoded by
-plain `generate` and then by each draft shape, back to back on the same loaded models, so machine
-noise hits them alike; speed is reported as ratios to plain and to the chain.
+"""Draft policies (and shapes) for one drafter, side by side in one run: every prompt is decoded
+by plain `generate` and then by each policy, back to back on the same loaded models, so machine
+noise hits them alike; speed is reported as ratios to plain and to the first policy.
 
-    python scripts/compare_trees.py --target NAME --drafter SPEC --prompts FILE.jsonl \
-        [--dtype float32] [--max-new-tokens 128] [--draft-tokens 4] \
-        [--tree 8,6,48 --tree auto ...] [--json OUT.json]
+    python scripts/compare_policies.py --target NAME --drafter SPEC --prompts FILE.jsonl \
+        [--dtype float32] [--max-new-tokens 128] [--temperature 1 --top-p 0.9] \
+        --policy fixed:max_draft_tokens=4 --policy cost-aware \
+        --policy cost-aware:tree=auto --policy fixed:tree=8x6x48 --policy cost-aware:raw=1 \
+        [--json OUT.json]
 
-Prints a table and, with --json, writes every figure with the command line.
+A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
+tree=auto|TOP_KxDEPTHxTOTAL, and raw=1 to rank drafts by raw confidence instead of the artifact's
+calibration. cost-aware gets the target's stored cost curve. Prints a table per workload and, with
+--json, writes every figure with the command line.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from collections import defaultdict
 
 import torch
 
-from draftsmith.commands.bench import AUTO_TREE, cost_curve, parse_tree
+from draftsmith.commands.bench import AUTO_TREE, cost_curve, parse_options, parse_tree
 from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core.models import load_model
-from draftsmith.decoding import DraftLengthPolicy, SpeculativeDecoder
+from draftsmith.decoding import DraftPolicy, SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
 
 
@@ -33,8 +38,10 @@ def main() -> None:
     parser.add_argument("--prompts", required=True)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--draft-tokens", type=int, default=4, help="the chain's length")
-    parser.add_argument("--tree", action="append", default=[], help="TOP_K,DEPTH,TOTAL or auto")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policy", action="append", required=True, help="NAME[:KEY=VALUE,...]")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -42,33 +49,30 @@ def main() -> None:
     prompts = load_prompts(args.prompts, args.limit)
     target, tokenizer = load_model(args.target, dtype=args.dtype)
     built = build_drafter(args.drafter, target, tokenizer, dtype=args.dtype)
-    policies = {"chain": DraftLengthPolicy(max_draft_tokens=args.draft_tokens)}
-    for spec in args.tree or ["auto"]:
-        tree = parse_tree(spec)
-        auto = tree == "auto"
-        policies[spec] = DraftLengthPolicy(
-            tree=AUTO_TREE if auto else tree,
-            acceptance=built.acceptance,
-            cost=cost_curve(target, args.target) if auto else None,
-        )
+    policies = {spec: _policy(spec, target, args.target, built.acceptance) for spec in args.policy}
     decoders = {
         name: SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
         for name, policy in policies.items()
     }
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     encoded = [tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in prompts]
     for decoder in decoders.values():  # warm-up
-        decoder.generate(encoded[0], max_new_tokens=8)
+        decoder.generate(encoded[0], max_new_tokens=8, **sampling)
 
     # totals[workload][method]: every workload, and "overall".
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     for record, ids in zip(prompts, encoded, strict=True):
         groups = [totals[record["workload"]], totals["overall"]]
+        torch.manual_seed(args.seed)
         started = time.perf_counter()
         with torch.inference_mode():
             plain = target.generate(
                 ids[None],
                 attention_mask=torch.ones_like(ids[None]),
-                do_sample=False,
+                do_sample=args.temperature > 0,
+                temperature=args.temperature or None,
+                top_p=args.top_p,
+                top_k=None,
                 max_new_tokens=args.max_new_tokens,
                 pad_token_id=tokenizer.eos_token_id,
             )[0, ids.numel() :].tolist()
@@ -77,7 +81,7 @@ def main() -> None:
             group["plain"]["tokens"] += len(plain)
         for name, decoder in decoders.items():
             started = time.perf_counter()
-            out = decoder.generate(ids, max_new_tokens=args.max_new_tokens)
+            out = decoder.generate(ids, max_new_tokens=args.max_new_tokens, **sampling)
             wall = time.perf_counter() - started
             for group in groups:
                 row = group[name]
@@ -90,20 +94,21 @@ def main() -> None:
 
     report = {
         "command": " ".join(["python", *sys.argv]),
+        "greedy": args.temperature == 0,
         "torch_threads": torch.get_num_threads(),
         "workloads": {name: _summary(group, list(decoders)) for name, group in totals.items()},
     }
     for workload, summary in report["workloads"].items():
         print(f"\n{workload} (plain {summary['plain_tok_s']:.2f} tok/s)")
         print(
-            f"{'shape':<10} {'tok/s':>7} {'vs plain':>8} {'vs chain':>8} {'tau':>5} "
-            f"{'tau/chain':>9} {'nodes':>6} {'identical':>9}"
+            f"{'policy':<34} {'tok/s':>7} {'vs plain':>8} {'vs first':>8} {'tau':>5} "
+            f"{'tau/first':>9} {'nodes':>6} {'identical':>9}"
         )
-        for name, f in summary["shapes"].items():
+        for name, f in summary["policies"].items():
             print(
-                f"{name:<10} {f['tok_s']:>7.2f} {f['speedup_vs_plain']:>7.2f}x "
-                f"{f['speedup_vs_chain']:>7.2f}x {f['mean_accepted_length']:>5.2f} "
-                f"{f['tau_vs_chain']:>8.2f}x {f['mean_draft_size']:>6.1f} "
+                f"{name:<34} {f['tok_s']:>7.2f} {f['speedup_vs_plain']:>7.2f}x "
+                f"{f['speedup_vs_first']:>7.2f}x {f['mean_accepted_length']:>5.2f} "
+                f"{f['tau_vs_first']:>8.2f}x {f['mean_draft_size']:>6.1f} "
                 f"{f['identical_prompts']:>5}/{f['prompts']}"
             )
     if args.json:
@@ -111,27 +116,41 @@ def main() -> None:
             out.write(json.dumps(report, indent=2) + "\n")
 
 
-def _summary(group: dict, shapes: list[str]) -> dict:
-    """Per shape: tokens/s, ratios to plain and to the chain, mean accepted length, mean draft
-    size, prompts identical to plain."""
+def _policy(spec: str, target, target_name: str, acceptance) -> DraftPolicy:
+    """The policy NAME[:KEY=VALUE,...] names (see the module docstring)."""
+    name, _, rest = spec.partition(":")
+    options = parse_options(rest.split(",") if rest else [])
+    if options.pop("raw", 0):
+        acceptance = None
+    if "tree" in options:
+        tree = parse_tree(str(options.pop("tree")).replace("x", ","))
+        options["tree"] = AUTO_TREE if tree == "auto" else tree
+    if name == "cost-aware":
+        options["cost"] = cost_curve(target, target_name)
+    return build_policy(name, acceptance=acceptance, **options)
+
+
+def _summary(group: dict, policies: list[str]) -> dict:
+    """Per policy: tokens/s, ratios to plain and to the first policy, mean accepted length, mean
+    draft size, prompts identical to plain."""
     plain_rate = group["plain"]["tokens"] / group["plain"]["wall_s"]
-    chain = group["chain"]
-    chain_rate, chain_tau = chain["tokens"] / chain["wall_s"], chain["tokens"] / chain["forwards"]
+    first = group[policies[0]]
+    first_rate, first_tau = first["tokens"] / first["wall_s"], first["tokens"] / first["forwards"]
     figures = {}
-    for name in shapes:
+    for name in policies:
         row = group[name]
         rate, tau = row["tokens"] / row["wall_s"], row["tokens"] / row["forwards"]
         figures[name] = {
             "tok_s": rate,
             "speedup_vs_plain": rate / plain_rate,
-            "speedup_vs_chain": rate / chain_rate,
+            "speedup_vs_first": rate / first_rate,
             "mean_accepted_length": tau,
-            "tau_vs_chain": tau / chain_tau,
+            "tau_vs_first": tau / first_tau,
             "mean_draft_size": row["drafted"] / row["forwards"],
             "prompts": int(row["prompts"]),
             "identical_prompts": int(row["identical"]),
         }
-    return {"plain_tok_s": plain_rate, "shapes": figures}
+    return {"plain_tok_s": plain_rate, "policies": figures}
 
 
 if __name__ == "__main__":

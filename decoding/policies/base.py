@@ -1,0 +1,128 @@
+"""The draft-policy interface: what to draft each round, learned from each round's outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from transformers import PreTrainedModel
+
+from draftsmith.core.signals import AcceptanceModel, confidence_signals
+from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape
+
+StopRule = Callable[[int, dict[str, float], float], bool]
+"""rule(position, signals, acceptance) -> True to end a chain after the token just drafted:
+position is 0-based, signals that token's confidence signals as floats (`confidence_signals`
+names; path_prob is the raw product of top-1 probabilities so far; plus `vocab_size`, the draft
+distribution's size), acceptance its P(accept)."""
+
+
+@dataclass
+class RoundOutcome:
+    """What one draft-and-verify round cost and gave, as a policy learns from it."""
+
+    draft: Draft
+    """The draft the target verified (after `DraftPolicy.trim`)."""
+    accepted_path: list[int]
+    """The draft nodes the target accepted, root first."""
+    draft_s: float
+    """Seconds spent drafting (0 for a plain step)."""
+    round_s: float
+    """Seconds of the whole round: drafting, the target forward, verification, both commits."""
+
+    @property
+    def committed(self) -> int:
+        """Tokens the round committed: the accepted nodes plus the target's own next token."""
+        return len(self.accepted_path) + 1
+
+
+@dataclass(kw_only=True)
+class DraftPolicy:
+    """Chooses each round's draft and learns from its outcome.
+
+    Each round the decoder asks for the draft `shape` (zero tokens: a plain decoding step), a
+    `stop_fn` that may end a chain early, an `acceptance_fn` that ranks tree nodes, then `trim`s
+    the drafted tree before verification and reports the round to `observe`. `start` opens a
+    request. A subclass overrides what it decides; the base drafts `tree`, or a chain of
+    `max_draft_tokens`, every round.
+    """
+
+    name: ClassVar[str]
+    max_draft_tokens: int = 8
+    """Most tokens drafted per round as a chain (the target verifies max_draft_tokens + 1)."""
+    tree: TreeShape | None = None
+    """Draft a tree of this shape instead of a chain (its nodes ranked by `acceptance_fn`)."""
+    acceptance: AcceptanceModel | None = None
+    """Calibrated P(accept) of a drafted token from its confidence signals (an artifact's fitted
+    calibrator); None: the raw top-1 probability."""
+
+    def __post_init__(self) -> None:
+        if self.max_draft_tokens < 0:
+            raise ValueError(f"max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
+
+    @property
+    def largest(self) -> TreeShape:
+        """The largest draft this policy proposes in one round."""
+        return self.tree or TreeShape.chain(self.max_draft_tokens)
+
+    def start(self, target: PreTrainedModel | None = None) -> None:
+        """A new request for `target` begins: a policy resets its per-request state here (and
+        may measure what it needs of the target, once)."""
+
+    def shape(self) -> TreeShape:
+        """The draft shape of this round."""
+        return self.largest
+
+    def stop_fn(self) -> StopFn | None:
+        """A fresh stop callback for this round's chain, or None when drafting never stops early."""
+        return None
+
+    def trim(self, draft: Draft) -> Draft:
+        """The drafted tree as the target will verify it."""
+        return draft
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Learn from a verified round."""
+
+    def acceptance_prob(self, signals: dict[str, torch.Tensor]) -> torch.Tensor:
+        """P(the target accepts each drafted token) (k,) from `confidence_signals` output."""
+        if self.acceptance is None:
+            return signals["top1_prob"]
+        return self.acceptance.predict_signals(signals)
+
+    def acceptance_fn(self) -> AcceptanceFn | None:
+        """How a drafter ranks tree nodes: None (the raw draft probabilities) without a calibrated
+        acceptance model. With one, a node's calibrated acceptance is that of its distribution's
+        top-1 token, shared among the candidate tokens in proportion to their draft
+        probabilities (so the top-1 token gets it exactly)."""
+        if self.acceptance is None:
+            return None
+
+        def calibrated(logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor):
+            signals = confidence_signals(logits)
+            signals["position"] = depth.float()
+            signals["path_prob"] = path_prob.float()
+            top1 = self.acceptance_prob(signals).float()
+            probs = logits.float().softmax(-1)
+            return probs * (top1 / signals["top1_prob"].clamp_min(1e-12))[:, None]
+
+        return calibrated
+
+    def token_stop_fn(self, stop_after: StopRule) -> StopFn:
+        """A chain stop callback from a rule over the signals of the token just drafted (with its
+        position and the draft's raw path probability filled in) and its acceptance."""
+        raw_path = 1.0
+
+        def stop(position: int, logits: torch.Tensor) -> bool:
+            nonlocal raw_path
+            signals = confidence_signals(logits[None])
+            raw_path *= float(signals["top1_prob"][0])
+            signals["position"] = torch.tensor([float(position)])
+            signals["path_prob"] = torch.tensor([raw_path])
+            token = {name: float(value[0]) for name, value in signals.items()}
+            token["vocab_size"] = logits.shape[-1]
+            return stop_after(position, token, float(self.acceptance_prob(signals)[0]))
+
+        return stop

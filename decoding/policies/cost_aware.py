@@ -1,0 +1,218 @@
+"""`cost-aware` (the default): draft what maximises expected committed tokens per second, and
+nothing when speculation is slower than plain decoding."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedModel
+
+from draftsmith.decoding.policies.base import DraftPolicy, RoundOutcome
+from draftsmith.decoding.profile import CostCurve, best_budget, profile_target
+from draftsmith.heads.base import Draft, StopFn, TreeShape
+
+logger = logging.getLogger(__name__)
+
+PLAIN = TreeShape.chain(0)
+
+
+@dataclass
+class _MovingAverage:
+    """Exponential moving average; None until the first value."""
+
+    weight: float
+    value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
+
+
+@dataclass(kw_only=True)
+class CostAwarePolicy(DraftPolicy):
+    """Maximise expected committed tokens per second from calibrated acceptance and measured cost.
+
+    Planning a round (a chain): after drafting token n with acceptance a_n (calibrated when the
+    artifact is, else raw top-1) the path probability is P_n = a_1 ... a_n, and
+
+        value(n) = (1 + P_1 + ... + P_n) / (n * draft_step_s + verify_cost(n + 1))
+
+    is the round's expected committed tokens per second (verify_cost from `cost`, the target's
+    measured curve; draft_step_s measured on the rounds so far). Drafting goes on while some
+    longer draft, each further token accepted with probability a_n, is expected to beat value(n);
+    the draft is then cut to the prefix of best value, drafting cost spent (possibly to nothing:
+    the round is a plain step). A tree (`tree` set) is cut to the size of best value under the
+    same curve (`best_budget`), and the next round drafts up to twice that.
+
+    Falling back: the realised rate of the speculative rounds (committed tokens over round
+    seconds, a moving average) is compared with plain decoding's (measured on plain rounds; the
+    curve's one-token cost until one is seen). Once speculation is slower after `min_rounds`
+    rounds, the policy decodes plainly for `first_backoff` rounds, then probes with one round of
+    speculation; each probe that loses doubles the plain stretch (up to `max_backoff`), one that
+    wins resumes speculation.
+    """
+
+    name = "cost-aware"
+    cost: CostCurve | None = None
+    """The target's verification cost (`draftsmith profile`); None: measured at first use."""
+    min_rounds: int = 3
+    """Speculative rounds seen before speculation is judged slower than plain decoding."""
+    first_backoff: int = 4
+    """Plain rounds after speculation first loses."""
+    max_backoff: int = 64
+    """Longest plain stretch between probes."""
+    smoothing: float = 0.3
+    """Weight of the newest round in the moving averages of rates and costs."""
+    _draft_step_s: _MovingAverage = field(init=False, repr=False)
+    _plain_round_s: _MovingAverage = field(init=False, repr=False)
+    _spec_tokens: _MovingAverage = field(init=False, repr=False)
+    _spec_round_s: _MovingAverage = field(init=False, repr=False)
+    _budget: int | None = field(default=None, init=False, repr=False)
+    _round_acceptance: list[float] = field(default_factory=list, init=False, repr=False)
+    _spec_rounds: int = field(default=0, init=False, repr=False)
+    _plain_left: int = field(default=0, init=False, repr=False)
+    _backoff: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.min_rounds < 1 or self.first_backoff < 1 or self.max_backoff < self.first_backoff:
+            raise ValueError(
+                "need min_rounds >= 1 and 1 <= first_backoff <= max_backoff, got "
+                f"{self.min_rounds}, {self.first_backoff}, {self.max_backoff}"
+            )
+        if not 0.0 < self.smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
+        # Machine costs carry over between requests; what the traffic accepts does not.
+        self._draft_step_s = _MovingAverage(self.smoothing)
+        self._plain_round_s = _MovingAverage(self.smoothing)
+        self.start()
+
+    def start(self, target: PreTrainedModel | None = None) -> None:
+        if self.cost is None and target is not None:
+            self.cost = _measure_cost(target, self.largest.max_tokens + 1)
+        self._reset_speculation()
+        self._budget = None
+        self._plain_left = 0
+        self._backoff = self.first_backoff
+
+    def _reset_speculation(self) -> None:
+        self._spec_tokens = _MovingAverage(self.smoothing)
+        self._spec_round_s = _MovingAverage(self.smoothing)
+        self._spec_rounds = 0
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def shape(self) -> TreeShape:
+        if self._plain_left > 0:
+            return PLAIN
+        shape = self.largest
+        if self._budget is None or shape.is_chain:
+            return shape
+        top_k, depth = min(shape.top_k, self._budget), min(shape.depth, self._budget)
+        return TreeShape(top_k=top_k, depth=depth, total_tokens=shape.total_tokens)
+
+    def stop_fn(self) -> StopFn | None:
+        self._round_acceptance = []
+        if self.cost is None or self.tree is not None:
+            return None
+        step_s = self._draft_step_s.value or 0.0
+        path, expected = 1.0, 1.0
+
+        def no_longer_draft_pays(position: int, _: dict[str, float], acceptance: float) -> bool:
+            nonlocal path, expected
+            self._round_acceptance.append(acceptance)
+            path *= acceptance
+            expected += path
+            n = position + 1
+            now = expected / (n * step_s + self.cost.verify_cost(n + 1))
+            longer_path, longer_expected = path, expected
+            for m in range(n + 1, self.max_draft_tokens + 1):
+                longer_path *= acceptance
+                longer_expected += longer_path
+                if longer_expected / (m * step_s + self.cost.verify_cost(m + 1)) > now:
+                    return False
+            return True
+
+        return self.token_stop_fn(no_longer_draft_pays)
+
+    def trim(self, draft: Draft) -> Draft:
+        if self.cost is None or len(draft) == 0:
+            return draft
+        if self.tree is not None:
+            return self._trim_tree(draft)
+        if len(self._round_acceptance) != len(draft):  # a drafter that ignored the stop rule
+            return draft
+        return draft.subtree(range(self._best_prefix(len(draft))))
+
+    def _best_prefix(self, drafted: int) -> int:
+        """The chain prefix of best value, the cost of drafting `drafted` tokens spent."""
+        spent = drafted * (self._draft_step_s.value or 0.0)
+        best, best_value = 0, 1.0 / (spent + self.cost.verify_cost(1))
+        path, expected = 1.0, 1.0
+        for n, acceptance in enumerate(self._round_acceptance, start=1):
+            path *= acceptance
+            expected += path
+            value = expected / (spent + self.cost.verify_cost(n + 1))
+            if value > best_value:
+                best, best_value = n, value
+        return best
+
+    def _trim_tree(self, draft: Draft) -> Draft:
+        if draft.values is None:
+            return draft
+        expected = draft.values.sort(descending=True).values.cumsum(0).tolist()
+        curve = dataclasses.replace(self.cost, draft_step_s=self._spec_draft_s())
+        size = best_budget(curve, expected)
+        self._budget = min(2 * max(size, 1), self.largest.max_tokens)
+        return draft.pruned(size)
+
+    def _spec_draft_s(self) -> float:
+        """Seconds of drafting a whole tree, from the per-node moving average."""
+        return (self._draft_step_s.value or 0.0) * self.largest.max_tokens
+
+    # -- learning ----------------------------------------------------------------------------
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        if self._plain_left > 0:
+            self._plain_left -= 1
+            self._plain_round_s.add(outcome.round_s)
+            return
+        if len(outcome.draft):
+            self._draft_step_s.add(outcome.draft_s / len(outcome.draft))
+        self._spec_tokens.add(outcome.committed)
+        self._spec_round_s.add(outcome.round_s)
+        self._spec_rounds += 1
+        if self._spec_rounds < self.min_rounds:
+            return
+        if self.speculation_rate() >= self.plain_rate():
+            self._backoff = self.first_backoff
+            return
+        # Slower than plain: decode plainly for a while, then probe afresh for min_rounds.
+        self._plain_left = self._backoff
+        self._backoff = min(2 * self._backoff, self.max_backoff)
+        self._reset_speculation()
+
+    def speculation_rate(self) -> float:
+        """Committed tokens per second of the recent speculative rounds (0 before any)."""
+        if self._spec_round_s.value is None:
+            return 0.0
+        return self._spec_tokens.value / self._spec_round_s.value
+
+    def plain_rate(self) -> float:
+        """Tokens per second of plain decoding: measured on plain rounds, else the curve's."""
+        if self._plain_round_s.value is not None:
+            return 1.0 / self._plain_round_s.value
+        return 1.0 / self.cost.verify_cost(1) if self.cost is not None else 0.0
+
+    @property
+    def speculating(self) -> bool:
+        """False while the policy decodes plainly after speculation lost."""
+        return self._plain_left == 0
+
+
+def _measure_cost(target: PreTrainedModel, max_tokens: int) -> CostCurve:
+    positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 4096
+    context = max(min(256, positions - max_tokens), 1)
+    logger.info("measuring the target's verification cost for 1..%d tokens (once)", max_tokens)
+    return profile_target(target, max_tokens=max_tokens, context=context, repeats=3)
