@@ -1,4 +1,5 @@
-"""Speculative decoding: the loop, verification, draft-length policies and the benchmark."""
+"""Speculative decoding: the loop, verification, draft-length policies, routing between drafters
+and the benchmark."""
 
 from draftsmith.decoding.decoder import (
     GenerationResult,
@@ -14,6 +15,7 @@ from draftsmith.decoding.policies import (
     ThresholdPolicy,
     build_policy,
 )
+from draftsmith.decoding.routing import RoutingDrafter
 from draftsmith.decoding.verify import LosslessVerifier, Verifier, verify_greedy, verify_sampling
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "GenerationStats",
     "LosslessVerifier",
     "RoundRecord",
+    "RoutingDrafter",
     "SpeculativeDecoder",
     "Verifier",
     "verify_greedy",
