@@ -1,0 +1,243 @@
+"""Online recalibration of the acceptance model from the decoder's own verifications.
+
+A calibrator fitted offline (held-out stdlib code, teacher-forced) drifts when the traffic
+changes: measured on other workloads it predicted 0.42 where 0.28 was accepted. Every
+verification labels the drafted tokens it looked at for free, so `OnlineAcceptance` keeps
+correcting the offline model from that stream:
+
+    round = decoder round (a draft and its verification)
+    signals, accepted = round_outcomes(round.draft, round.accepted_path)
+    probs = online.predict_signals(signals)     # before this round's outcomes are known
+    online.observe(signals, accepted)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from draftsmith.core.signals import AcceptanceModel, confidence_signals
+from draftsmith.heads.base import Draft
+
+_CLIP = 1e-4
+"""Offline probabilities are clipped to [_CLIP, 1 - _CLIP] before the logit (|z| <= 9.2), so a
+calibrator that says 0 or 1 can still be corrected."""
+
+
+def draft_signals(draft: Draft) -> dict[str, torch.Tensor]:
+    """Confidence signals (each (k,)) of every node of a draft tree: `confidence_signals` of its
+    logits (k, V), with `position` = depth - 1 and `path_prob` = the product of `top1_prob`
+    over the node and its ancestors (for a chain, exactly `confidence_signals(draft.logits)`)."""
+    if draft.logits is None:
+        raise ValueError(
+            "this draft has no logits (an n-gram drafter's), so it has no confidence signals "
+            "to calibrate; use a drafter with a draft distribution"
+        )
+    signals = confidence_signals(draft.logits)
+    if draft.is_chain:
+        return signals
+    signals["position"] = (draft.depths - 1).float().to(draft.logits.device)
+    path = signals["top1_prob"].clone()
+    # Parents come before their children, so one pass in node order multiplies whole paths.
+    for node, parent in enumerate(draft.parents.tolist()):
+        if parent >= 0:
+            path[node] = path[parent] * path[node]
+    signals["path_prob"] = path
+    return signals
+
+
+def round_outcomes(
+    draft: Draft, accepted_path: Sequence[int]
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The nodes whose fate a verified round revealed, with their signals and labels.
+
+    A node is observed when the target judged it: its parent is the root or on the accepted path.
+    Of those, only nodes whose token is the argmax of their own draft distribution count, since
+    the calibrated probability is P(the target accepts the top-1 token).
+
+    Returns:
+        signals: `draft_signals` restricted to the m observed nodes, each (m,), in node order.
+        accepted (m,) float32: 1 for observed nodes on the accepted path, 0 otherwise.
+    """
+    signals = draft_signals(draft)
+    on_path = torch.zeros(len(draft), dtype=torch.bool)
+    on_path[list(accepted_path)] = True
+    parents = draft.parents.cpu()
+    judged = (parents < 0) | on_path[parents.clamp_min(0)]
+    logits = draft.logits.cpu()
+    own = logits.gather(1, draft.tokens.cpu()[:, None]).squeeze(1)
+    top1 = own >= logits.max(dim=-1).values
+    nodes = torch.nonzero(judged & top1).flatten()
+    observed = {name: value[nodes.to(value.device)] for name, value in signals.items()}
+    return observed, on_path[nodes].float()
+
+
+class OnlineAcceptance:
+    """An `AcceptanceModel` that recalibrates an offline one from the verification stream.
+
+    Model: with z = logit(p_offline) (p_offline from the wrapped calibrator, or the raw
+    `top1_prob` without one),
+
+        P(accept) = sigmoid(a + b * z),   prior (a, b) ~ N((0, 1), I / prior_strength),
+
+    so before any observation it predicts exactly the offline model, and a workload where the
+    offline fit is too confident moves a below 0 (a shift) or b below 1 (a flattening).
+
+    Posterior: a recursive Laplace approximation, N(mean, precision^-1), of a penalised
+    log-likelihood in which every observation, and the prior, fades by `forgetting` per later
+    observation:
+
+        -log post(t) = 0.5 w(t) |(a, b) - (0, 1)|^2 + sum_i forgetting^(t - t_i) logloss_i(a, b),
+        w(t) = floor + forgetting^t (prior_strength - floor),
+
+    where `floor` (1, `_FLOOR`) is a weak pull to the offline fit that never fades. Each
+    `observe` of m tokens blends the previous Gaussian with that floor at weights forgetting^m
+    and 1 - forgetting^m (exact for the objective above, given the previous Gaussian), runs
+    `newton_steps` Newton steps on the round's log-loss from there and takes the Hessian at the
+    result as the new precision. So memory is about 1 / (1 - forgetting) observations, a stream
+    that changes workload is followed once that many of the new one have been seen, and a round
+    costs O(m) arithmetic on floats.
+
+    Prior strength: a precision of `prior_strength` on each of a and b is worth about
+    4 * prior_strength observations near p = 0.5 (each adds p (1 - p) <= 1/4 to the information
+    on a): the first rounds of a stream barely move the offline model, a few hundred observations
+    replace it. Defaults: see `__init__`.
+    """
+
+    def __init__(
+        self,
+        offline: AcceptanceModel | None = None,
+        *,
+        prior_strength: float = 10.0,
+        forgetting: float = 0.995,
+        newton_steps: int = 3,
+    ) -> None:
+        if not (math.isfinite(prior_strength) and prior_strength > 0):
+            raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength}")
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
+        if newton_steps < 1:
+            raise ValueError(f"newton_steps must be >= 1, got {newton_steps}")
+        self.offline = offline
+        self.prior_strength = prior_strength
+        self.forgetting = forgetting
+        self.newton_steps = newton_steps
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every observation: back to the prior (the offline model)."""
+        self.mean: tuple[float, float] = _PRIOR_MEAN
+        """The posterior mode (a, b)."""
+        self.precision: _Sym2 = (self.prior_strength, 0.0, self.prior_strength)
+        """The posterior precision of (a, b) as (aa, ab, bb)."""
+        self.n_observed = 0
+
+    def offline_logit(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """z (k,) float64 on the CPU: the logit of the offline model's P(accept) of each token."""
+        if self.offline is None:
+            probs = signals["top1_prob"]
+        else:
+            probs = self.offline.predict_signals(signals)
+        return torch.logit(torch.as_tensor(probs).detach().cpu().double(), eps=_CLIP)
+
+    def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """P(the target accepts each token) (k,) float32 from its confidence signals (each (k,)),
+        on the signals' device."""
+        a, b = self.mean
+        probs = torch.sigmoid(a + b * self.offline_logit(signals))
+        return probs.to(dtype=torch.float32, device=signals["top1_prob"].device)
+
+    def observe(self, signals: Mapping[str, torch.Tensor], accepted: torch.Tensor) -> None:
+        """Update from m verified tokens: their signals (each (m,)) and outcomes accepted (m,)
+        in [0, 1] (1 = accepted; fractional outcomes, e.g. min(1, p/q), are allowed)."""
+        y = torch.as_tensor(accepted).detach().cpu().double().reshape(-1).tolist()
+        if not y:
+            return
+        if not all(0.0 <= v <= 1.0 for v in y):
+            raise ValueError(f"accepted must lie in [0, 1], got {y}")
+        z = self.offline_logit(signals).tolist()
+        if len(z) != len(y):
+            raise ValueError(f"{len(z)} tokens' signals but {len(y)} outcomes")
+        # Plain floats, not arrays: for a few observations and two parameters, per-call
+        # overheads of numpy or torch would cost more than the arithmetic.
+        keep = self.forgetting ** len(y)
+        floor = min(_FLOOR, self.prior_strength)
+        prior = (floor, 0.0, floor)
+        precision = _add(_scale(self.precision, keep), _scale(prior, 1 - keep))
+        moment = [
+            keep * m + (1 - keep) * p
+            for m, p in zip(
+                _times(self.precision, self.mean), _times(prior, _PRIOR_MEAN), strict=True
+            )
+        ]
+        centre = _solve(precision, moment)
+        self.mean, self.precision = _newton(z, y, centre, precision, self.newton_steps)
+        self.n_observed += len(y)
+
+
+_PRIOR_MEAN = (0.0, 1.0)
+"""(a, b) of the identity correction: the offline model as it is."""
+
+_FLOOR = 1.0
+"""The prior precision that never fades (at most `prior_strength`): worth about four
+observations, so a long run of uninformative tokens (all near p = 0 or 1, or all alike) cannot
+leave (a, b) undetermined, yet too weak to bias a long stream."""
+
+_Sym2 = tuple[float, float, float]
+"""A symmetric 2 x 2 matrix [[aa, ab], [ab, bb]] as (aa, ab, bb)."""
+
+
+def _scale(m: _Sym2, c: float) -> _Sym2:
+    return (m[0] * c, m[1] * c, m[2] * c)
+
+
+def _add(m: _Sym2, n: _Sym2) -> _Sym2:
+    return (m[0] + n[0], m[1] + n[1], m[2] + n[2])
+
+
+def _times(m: _Sym2, v: Sequence[float]) -> tuple[float, float]:
+    return (m[0] * v[0] + m[1] * v[1], m[1] * v[0] + m[2] * v[1])
+
+
+def _solve(m: _Sym2, v: Sequence[float]) -> tuple[float, float]:
+    det = m[0] * m[2] - m[1] * m[1]
+    return ((m[2] * v[0] - m[1] * v[1]) / det, (m[0] * v[1] - m[1] * v[0]) / det)
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def _loss_terms(
+    z: Sequence[float], y: Sequence[float], w: Sequence[float]
+) -> tuple[tuple[float, float], _Sym2]:
+    """Gradient (a, b) and Hessian of sum_i logloss(y_i, sigmoid(a + b z_i)) at w = (a, b)."""
+    ga = gb = haa = hab = hbb = 0.0
+    for zi, yi in zip(z, y, strict=True):
+        p = _sigmoid(w[0] + w[1] * zi)
+        v = p * (1.0 - p)
+        ga += p - yi
+        gb += (p - yi) * zi
+        haa += v
+        hab += v * zi
+        hbb += v * zi * zi
+    return (ga, gb), (haa, hab, hbb)
+
+
+def _newton(
+    z: Sequence[float], y: Sequence[float], centre: Sequence[float], precision: _Sym2, steps: int
+) -> tuple[tuple[float, float], _Sym2]:
+    """Minimise 0.5 (w - centre)' precision (w - centre) + sum_i logloss(y_i, sigmoid(a + b z_i))
+    over w = (a, b); returns the mode and the Hessian there (the new precision)."""
+    w = tuple(centre)
+    for _ in range(steps):
+        (ga, gb), hessian = _loss_terms(z, y, w)
+        pull = _times(precision, (w[0] - centre[0], w[1] - centre[1]))
+        step = _solve(_add(precision, hessian), (pull[0] + ga, pull[1] + gb))
+        w = (w[0] - step[0], w[1] - step[1])
+    return w, _add(precision, _loss_terms(z, y, w)[1])
