@@ -66,6 +66,12 @@ def stable_order(items: list[tuple[str, T]]) -> list[tuple[str, T]]:
     return sorted(items, key=lambda item: hashlib.sha1(item[0].encode()).hexdigest())
 
 
+def token_counter(model: str) -> TokenCounter:
+    """Counts a text's tokens with the tokenizer of a zoo model (no special tokens)."""
+    tokenizer = AutoTokenizer.from_pretrained(fetch_model(model))
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def take(candidates: Iterator[tuple[str, str]], count: int) -> list[tuple[str, str]]:
     """The first `count` candidates; too few is an error (the token ranges are too narrow)."""
     chosen = []
@@ -161,9 +167,9 @@ def chat_candidates(n_tokens: TokenCounter) -> Iterator[tuple[str, str]]:
 # --------------------------------------------------------------------------------------------
 
 
-def bible_prompt(n_tokens: TokenCounter) -> tuple[str, str]:
+def bible_prompt(n_tokens: TokenCounter, passage: str = BIBLE_PASSAGE) -> tuple[str, str]:
     """A passage with its chapter heading and verse numbers removed, one verse per line."""
-    printed = subprocess.run(["bible", BIBLE_PASSAGE], capture_output=True, text=True, check=True)
+    printed = subprocess.run(["bible", passage], capture_output=True, text=True, check=True)
     verses: list[str] = []
     for line in printed.stdout.splitlines()[2:]:  # skip the blank line and the heading
         number, _, rest = line.strip().partition(" ")
@@ -171,17 +177,20 @@ def bible_prompt(n_tokens: TokenCounter) -> tuple[str, str]:
             verses.append(rest)
         elif line.strip():
             verses[-1] += " " + line.strip()
-    return f"bible-kjv:{BIBLE_PASSAGE}", cut_lines(verses, n_tokens, *TEXT_TOKENS)
+    return f"bible-kjv:{passage}", cut_lines(verses, n_tokens, *TEXT_TOKENS)
 
 
-def jargon_prompt(n_tokens: TokenCounter) -> tuple[str, str]:
-    """The lexicon entry `JARGON_ENTRY` (``:headword: grammar`` then indented paragraphs)."""
-    text = gzip.decompress(JARGON.read_bytes()).decode("utf-8")
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"   :{JARGON_ENTRY}:"))
+def jargon_lines() -> list[str]:
+    return gzip.decompress(JARGON.read_bytes()).decode("utf-8").splitlines()
+
+
+def jargon_prompt(n_tokens: TokenCounter, entry: str = JARGON_ENTRY) -> tuple[str, str]:
+    """A lexicon entry (``:headword: grammar`` then indented paragraphs)."""
+    lines = jargon_lines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"   :{entry}:"))
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("   :"))
-    entry = [lines[start].strip().lstrip(":"), *(line[3:] for line in lines[start + 1 : end])]
-    return f"jargon-text:{JARGON_ENTRY}", cut_lines(entry, n_tokens, *TEXT_TOKENS).strip()
+    body = [lines[start].strip().lstrip(":"), *(line[3:] for line in lines[start + 1 : end])]
+    return f"jargon-text:{entry}", cut_lines(body, n_tokens, *TEXT_TOKENS).strip()
 
 
 def fortune_candidates(file: str, n_tokens: TokenCounter) -> Iterator[tuple[str, str]]:
@@ -219,11 +228,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="compare with --out, write nothing")
     args = parser.parse_args()
 
-    tokenizer = AutoTokenizer.from_pretrained(fetch_model(TOKENIZER))
-
-    def n_tokens(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
+    n_tokens = token_counter(TOKENIZER)
     records = build(n_tokens)
     content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     for r in records:
