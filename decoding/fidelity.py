@@ -15,7 +15,7 @@ they are imported inside the functions, so decoding never pays for them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,10 +62,13 @@ def fidelity(
     outputs: Sequence[Decoded],
     lossless: Sequence[Decoded],
     references: Sequence[str | None] | None = None,
+    answer: Callable[[str], str] | None = None,
 ) -> dict[str, float]:
     """One mode's figures on a list of prompts: tok_s, speed_vs_lossless, exact_match, bleu, chrf,
     rouge_l (against the lossless output), and, where references are given (None for a prompt
-    without one), ref_bleu, ref_chrf, ref_rouge_l and ref_prompts over the prompts that have one."""
+    without one), ref_bleu, ref_chrf, ref_rouge_l and ref_prompts over the prompts that have one.
+    answer picks the part of an output that is scored against its reference (for example the
+    first line of a one-line answer); None scores the whole text."""
     row = {
         "tok_s": tokens_per_s(outputs),
         "speed_vs_lossless": tokens_per_s(outputs) / max(tokens_per_s(lossless), 1e-9),
@@ -74,7 +77,10 @@ def fidelity(
     }
     if references is not None:
         _check_pairs(outputs, references)
-        pairs = [(o.text, r) for o, r in zip(outputs, references, strict=True) if r is not None]
+        answer = answer or (lambda text: text)
+        pairs = [
+            (answer(o.text), r) for o, r in zip(outputs, references, strict=True) if r is not None
+        ]
         if pairs:
             scores = text_scores([h for h, _ in pairs], [r for _, r in pairs])
             row.update({f"ref_{name}": value for name, value in scores.items()})

@@ -44,6 +44,12 @@ def test_references_score_only_the_prompts_that_have_one():
     row = fidelity(LOSSLESS, LOSSLESS, references=["le chat est sur la table", None])
     assert row["ref_prompts"] == 1 and row["ref_chrf"] == pytest.approx(100.0)
     assert "ref_bleu" not in fidelity(LOSSLESS, LOSSLESS, references=[None, None])
+    rambling = [Decoded([1], "le chat est sur la table\nEnglish: and more", 1.0)]
+    first_line = fidelity(
+        rambling, rambling, ["le chat est sur la table"], lambda t: t.split("\n")[0]
+    )
+    assert first_line["ref_chrf"] == pytest.approx(100.0)
+    assert fidelity(rambling, rambling, ["le chat est sur la table"])["ref_chrf"] < 100.0
 
 
 def test_rouge_counts_words_in_any_script():
