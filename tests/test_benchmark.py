@@ -239,3 +239,33 @@ def test_prompt_file_errors(tmp_path):
     bad.write_text('{"text": "no prompt field"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: each line needs"):
         load_prompts(bad)
+
+
+def test_a_lossy_verifier_is_labelled_and_scored_by_exact_match(llama, byte_tokenizer):
+    from draftsmith.decoding.lossy import build_verifier
+
+    # An unrelated draft model: loose typical acceptance takes tokens the target would not.
+    decoder = SpeculativeDecoder(
+        llama,
+        DraftModelDrafter(tiny_model("llama", seed=99)),
+        byte_tokenizer,
+        policy=FixedPolicy(max_draft_tokens=4),
+        verifier=build_verifier("typical", 1.0),
+    )
+    report = Benchmark(llama, byte_tokenizer, decoder, {}, max_new_tokens=12).run(PROMPTS)
+    overall = report["overall"]
+    assert report["lossy"] is True and overall["lossy"] is True
+    assert overall["identical_to_plain"] is None and overall["divergences"] == []
+    assert 0.0 <= overall["exact_match_rate"] < 1.0
+    table = format_table(report)
+    assert table.startswith("LOSSY") and "lossy" in table.splitlines()[-1]
+
+
+def test_sampling_flags_need_a_temperature(llama, byte_tokenizer):
+    decoder = SpeculativeDecoder(llama, NgramDrafter(), byte_tokenizer)
+    with pytest.raises(ValueError, match="temperature"):
+        Benchmark(llama, byte_tokenizer, decoder, {}, top_p=0.9)
+    bench = Benchmark(
+        llama, byte_tokenizer, decoder, {}, max_new_tokens=6, temperature=1.0, top_p=0.9
+    )
+    assert bench.run(PROMPTS[:1])["overall"]["identical_to_plain"] is None

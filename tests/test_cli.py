@@ -371,6 +371,31 @@ def test_a_field_of_one_value_or_several_takes_either():
     assert from_flags(PrepareDataCommand, many).source == ["a.jsonl", "b.jsonl"]
 
 
+@pytest.fixture(autouse=True)
+def own_home(tmp_path, monkeypatch):
+    """The cost-aware bench stores the target's cost curve: keep it out of the user's home."""
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--policy", "fastest"], "unknown --policy 'fastest'"),
+        (["--policy", "fixed", "--min-path-confidence", "0.4"], "sets the threshold policy"),
+        (["--policy", "fixed", "--tree", "auto"], "--tree auto is the cost-aware policy's"),
+        (["--policy-option", "threshold"], "give KEY=VALUE"),
+        (["--policy", "specdec++", "--policy-option", "rejection_threshold=2"], "in (0, 1)"),
+        (["--policy", "fixed", "--policy-option", "gamma=2"], "takes no option ['gamma']"),
+        (["--verify", "sloppy"], "unknown verification mode 'sloppy'"),
+        (["--verify", "lossless", "--verify-threshold", "0.1"], "takes no threshold"),
+    ],
+)
+def test_bad_policy_and_verify_flags(tmp_path, capsys, flags, message):
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, [*bench("unused", "ngram", file), *flags])
+    assert message in line
+
+
 def test_bad_tree_spec(tmp_path, capsys):
     file = prompts(tmp_path, '{"prompt": "x"}')
     line = fails(capsys, [*bench("unused", "ngram", file), "--tree", "3,4"])

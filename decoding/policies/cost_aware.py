@@ -29,6 +29,37 @@ class _MovingAverage:
         self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
 
 
+@dataclass
+class _DraftCost:
+    """Seconds of drafting n tokens, fixed + per_token * n, fitted by least squares on moving
+    averages of the rounds' (n, seconds): a round's fixed part (catching up on the tokens just
+    committed) is not charged to each drafted token."""
+
+    weight: float
+    _moments: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, s, n*n, n*s, count
+
+    def add(self, n: int, seconds: float) -> None:
+        keep = 1 - self.weight
+        for i, x in enumerate((n, seconds, n * n, n * seconds, 1.0)):
+            self._moments[i] = keep * self._moments[i] + self.weight * x
+
+    @property
+    def per_token(self) -> float:
+        n, s, nn, ns, count = self._moments
+        if count == 0 or n == 0:
+            return 0.0
+        n, s, nn, ns = n / count, s / count, nn / count, ns / count
+        spread = nn - n * n
+        if spread < 0.25:  # drafts of (nearly) one length: no slope to fit
+            return s / n
+        return max((ns - n * s) / spread, 0.0)
+
+    @property
+    def fixed(self) -> float:
+        n, s, _, _, count = self._moments
+        return 0.0 if count == 0 else max((s - self.per_token * n) / count, 0.0)
+
+
 @dataclass(kw_only=True)
 class CostAwarePolicy(DraftPolicy):
     """Maximise expected committed tokens per second from calibrated acceptance and measured cost.
@@ -36,10 +67,10 @@ class CostAwarePolicy(DraftPolicy):
     Planning a round (a chain): after drafting token n with acceptance a_n (calibrated when the
     artifact is, else raw top-1) the path probability is P_n = a_1 ... a_n, and
 
-        value(n) = (1 + P_1 + ... + P_n) / (n * draft_step_s + verify_cost(n + 1))
+        value(n) = (1 + P_1 + ... + P_n) / (draft_fixed_s + n * draft_step_s + verify_cost(n + 1))
 
     is the round's expected committed tokens per second (verify_cost from `cost`, the target's
-    measured curve; draft_step_s measured on the rounds so far). Drafting goes on while some
+    measured curve; the drafting cost fitted on the rounds so far). Drafting goes on while some
     longer draft, each further token accepted with probability a_n, is expected to beat value(n);
     the draft is then cut to the prefix of best value, drafting cost spent (possibly to nothing:
     the round is a plain step). A tree (`tree` set) is cut to the size of best value under the
@@ -64,12 +95,14 @@ class CostAwarePolicy(DraftPolicy):
     """Longest plain stretch between probes."""
     smoothing: float = 0.3
     """Weight of the newest round in the moving averages of rates and costs."""
-    _draft_step_s: _MovingAverage = field(init=False, repr=False)
+    _draft_cost: _DraftCost = field(init=False, repr=False)
     _plain_round_s: _MovingAverage = field(init=False, repr=False)
     _spec_tokens: _MovingAverage = field(init=False, repr=False)
     _spec_round_s: _MovingAverage = field(init=False, repr=False)
     _budget: int | None = field(default=None, init=False, repr=False)
     _round_acceptance: list[float] = field(default_factory=list, init=False, repr=False)
+    _drafted: int = field(default=0, init=False, repr=False)
+    """Nodes drafted this round, before the trim."""
     _spec_rounds: int = field(default=0, init=False, repr=False)
     _plain_left: int = field(default=0, init=False, repr=False)
     _backoff: int = field(default=0, init=False, repr=False)
@@ -84,7 +117,7 @@ class CostAwarePolicy(DraftPolicy):
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         # Machine costs carry over between requests; what the traffic accepts does not.
-        self._draft_step_s = _MovingAverage(self.smoothing)
+        self._draft_cost = _DraftCost(self.smoothing)
         self._plain_round_s = _MovingAverage(self.smoothing)
         self.start()
 
@@ -116,7 +149,7 @@ class CostAwarePolicy(DraftPolicy):
         self._round_acceptance = []
         if self.cost is None or self.tree is not None:
             return None
-        step_s = self._draft_step_s.value or 0.0
+        fixed_s, step_s = self._draft_cost.fixed, self._draft_cost.per_token
         path, expected = 1.0, 1.0
 
         def no_longer_draft_pays(position: int, _: dict[str, float], acceptance: float) -> bool:
@@ -125,18 +158,20 @@ class CostAwarePolicy(DraftPolicy):
             path *= acceptance
             expected += path
             n = position + 1
-            now = expected / (n * step_s + self.cost.verify_cost(n + 1))
+            now = expected / (fixed_s + n * step_s + self.cost.verify_cost(n + 1))
             longer_path, longer_expected = path, expected
             for m in range(n + 1, self.max_draft_tokens + 1):
                 longer_path *= acceptance
                 longer_expected += longer_path
-                if longer_expected / (m * step_s + self.cost.verify_cost(m + 1)) > now:
+                cost = fixed_s + m * step_s + self.cost.verify_cost(m + 1)
+                if longer_expected / cost > now:
                     return False
             return True
 
         return self.token_stop_fn(no_longer_draft_pays)
 
     def trim(self, draft: Draft) -> Draft:
+        self._drafted = len(draft)
         if self.cost is None or len(draft) == 0:
             return draft
         if self.tree is not None:
@@ -147,7 +182,7 @@ class CostAwarePolicy(DraftPolicy):
 
     def _best_prefix(self, drafted: int) -> int:
         """The chain prefix of best value, the cost of drafting `drafted` tokens spent."""
-        spent = drafted * (self._draft_step_s.value or 0.0)
+        spent = self._draft_cost.fixed + drafted * self._draft_cost.per_token
         best, best_value = 0, 1.0 / (spent + self.cost.verify_cost(1))
         path, expected = 1.0, 1.0
         for n, acceptance in enumerate(self._round_acceptance, start=1):
@@ -168,8 +203,8 @@ class CostAwarePolicy(DraftPolicy):
         return draft.pruned(size)
 
     def _spec_draft_s(self) -> float:
-        """Seconds of drafting a whole tree, from the per-node moving average."""
-        return (self._draft_step_s.value or 0.0) * self.largest.max_tokens
+        """Seconds of drafting a whole tree of the largest shape."""
+        return self._draft_cost.fixed + self._draft_cost.per_token * self.largest.max_tokens
 
     # -- learning ----------------------------------------------------------------------------
 
@@ -178,8 +213,8 @@ class CostAwarePolicy(DraftPolicy):
             self._plain_left -= 1
             self._plain_round_s.add(outcome.round_s)
             return
-        if len(outcome.draft):
-            self._draft_step_s.add(outcome.draft_s / len(outcome.draft))
+        if self._drafted:
+            self._draft_cost.add(self._drafted, outcome.draft_s)
         self._spec_tokens.add(outcome.committed)
         self._spec_round_s.add(outcome.round_s)
         self._spec_rounds += 1

@@ -57,6 +57,12 @@ class BenchCommand:
     """KEY=VALUE options of the policy (its fields, e.g. rejection_threshold=0.6 for specdec++)."""
     draft_tokens: int = 8
     """Most tokens drafted per round."""
+    verify: str = "lossless"
+    """lossless (the default: the target's own output), or a LOSSY mode that accepts more draft
+    tokens than the target would emit: typical (Medusa-2's typical acceptance) or modulated
+    (acceptance relaxed by the drafter's confidence). Lossy results say `lossy: true`."""
+    verify_threshold: float | None = None
+    """A lossy mode's knob (typical: epsilon in (0, 1]; modulated: strength in [0, 1))."""
     min_path_confidence: float | None = None
     """threshold: stop a draft once its cumulative acceptance probability (calibrated when the
     artifact has a calibration, else the raw top-1 probabilities) falls below this (default
@@ -87,8 +93,10 @@ class BenchCommand:
             raise ValueError(f"unknown --policy {self.policy!r}: choose one of {sorted(POLICIES)}")
         if self.tree == "auto" and self.policy != DEFAULT_POLICY:
             raise ValueError(f"--tree auto is the {DEFAULT_POLICY} policy's; drop --policy")
-        parse_tree(self.tree)
-        parse_options(self.policy_option)
+        self.build_policy()  # checks the policy's options
+        from draftsmith.decoding.lossy import build_verifier
+
+        build_verifier(self.verify, self.verify_threshold)
 
     def run(self) -> dict:
         import torch
@@ -102,13 +110,17 @@ class BenchCommand:
             format_table,
             load_prompts,
         )
+        from draftsmith.decoding.lossy import build_verifier
 
         prompts = load_prompts(self.prompts, self.limit)
         check_spec(self.drafter)  # a bad drafter fails before the target loads
         target, tokenizer = load_model(self.target, dtype=self.dtype)
         built = build_drafter(self.drafter, target, tokenizer, dtype=self.dtype)
         policy = self.build_policy(target, built.acceptance)
-        decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
+        verifier = build_verifier(self.verify, self.verify_threshold)
+        decoder = SpeculativeDecoder(
+            target, built.drafter, tokenizer, policy=policy, verifier=verifier
+        )
         bench = Benchmark(
             target,
             tokenizer,
@@ -142,9 +154,9 @@ class BenchCommand:
             print(f"wrote {self.json}")
         return report
 
-    def build_policy(self, target, acceptance):
+    def build_policy(self, target=None, acceptance=None):
         """The --policy with its options, the drafter's acceptance model and, for cost-aware, the
-        target's stored cost curve."""
+        target's stored cost curve (without a target: none yet)."""
         from draftsmith.decoding import build_policy
 
         tree = parse_tree(self.tree)
@@ -156,7 +168,7 @@ class BenchCommand:
         }
         if self.policy == "threshold" and self.min_path_confidence is not None:
             options["min_path_confidence"] = self.min_path_confidence
-        if self.policy == DEFAULT_POLICY:
+        if self.policy == DEFAULT_POLICY and target is not None:
             options["cost"] = cost_curve(target, self.target)
         return build_policy(self.policy, **options)
 
