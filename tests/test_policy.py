@@ -63,21 +63,28 @@ def _stop_length(policy, logits: torch.Tensor, limit: int = 8) -> int:
 def test_calibrated_confidence_sets_the_draft_length(llama):
     # path after j tokens is 0.6**j: 0.6, 0.36, 0.216 -> the third token falls below 0.3.
     calibrator = ConstantCalibrator(0.6)
-    policy = ThresholdPolicy(max_draft_tokens=6, min_path_confidence=0.3, acceptance=calibrator)
+    policy = ThresholdPolicy(
+        max_draft_tokens=6, min_path_confidence=0.3, acceptance=calibrator, recalibrate=False
+    )
     stats = _decode(llama, policy)
     assert len(stats.drafted_by_position) == 3
     assert calibrator.seen_positions[:3] == [0.0, 1.0, 2.0]
 
 
 def test_confident_drafter_drafts_to_the_maximum(llama):
-    policy = ThresholdPolicy(max_draft_tokens=6, acceptance=ConstantCalibrator(0.99))
+    policy = ThresholdPolicy(
+        max_draft_tokens=6, acceptance=ConstantCalibrator(0.99), recalibrate=False
+    )
     assert len(_decode(llama, policy).drafted_by_position) == 6
 
 
 def test_without_threshold_the_calibrator_is_not_consulted(llama):
     calibrator = ConstantCalibrator(0.1)
     _decode(
-        llama, ThresholdPolicy(max_draft_tokens=6, min_path_confidence=0.0, acceptance=calibrator)
+        llama,
+        ThresholdPolicy(
+            max_draft_tokens=6, min_path_confidence=0.0, acceptance=calibrator, recalibrate=False
+        ),
     )
     assert calibrator.seen_positions == []
 
@@ -87,9 +94,13 @@ def test_without_threshold_the_calibrator_is_not_consulted(llama):
 
 def test_specdec_stops_once_a_rejection_is_more_likely_than_the_threshold():
     # survival 0.8 ** n: 0.8, 0.64, 0.512, 0.41 -> P(some rejected) passes 0.5 at the 4th token.
-    policy = SpecDecPlusPlusPolicy(rejection_threshold=0.5, acceptance=ConstantCalibrator(0.8))
+    policy = SpecDecPlusPlusPolicy(
+        rejection_threshold=0.5, acceptance=ConstantCalibrator(0.8), recalibrate=False
+    )
     assert _stop_length(policy, torch.zeros(1, 5)) == 4
-    loose = SpecDecPlusPlusPolicy(rejection_threshold=0.9, acceptance=ConstantCalibrator(0.8))
+    loose = SpecDecPlusPlusPolicy(
+        rejection_threshold=0.9, acceptance=ConstantCalibrator(0.8), recalibrate=False
+    )
     assert _stop_length(loose, torch.zeros(1, 5)) == 11 - 3  # 0.8**11 < 0.1: capped at 8
 
 
@@ -121,7 +132,10 @@ def test_cm_asd_drafts_long_when_confident_and_short_when_not():
 
 def test_cost_aware_drafts_long_when_verification_is_flat_and_acceptance_high(llama):
     policy = CostAwarePolicy(
-        max_draft_tokens=6, cost=_curve([1.0] * 8), acceptance=ConstantCalibrator(0.9)
+        max_draft_tokens=6,
+        cost=_curve([1.0] * 8),
+        acceptance=ConstantCalibrator(0.9),
+        recalibrate=False,
     )
     assert len(_decode(llama, policy).drafted_by_position) == 6
 
@@ -132,6 +146,7 @@ def test_cost_aware_drafts_nothing_when_each_token_costs_a_full_forward(llama):
         max_draft_tokens=6,
         cost=_curve([float(n) for n in range(1, 9)]),
         acceptance=ConstantCalibrator(0.7),
+        recalibrate=False,
     )
     stats = _decode(llama, policy)
     assert stats.drafted == 0 and stats.target_forwards == 21
@@ -143,6 +158,7 @@ def test_cost_aware_stops_where_the_curve_steps_up(llama):
         max_draft_tokens=6,
         cost=_curve([1.0, 1.0, 1.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
         acceptance=ConstantCalibrator(0.8),
+        recalibrate=False,
     )
     assert len(_decode(llama, policy).drafted_by_position) == 3
 
@@ -204,7 +220,9 @@ def test_the_cost_curve_cuts_trees_and_sizes_the_next_one():
 
 def test_calibrated_acceptance_ranks_tree_nodes(llama):
     calibrator = ConstantCalibrator(0.5)
-    policy = build_policy("fixed", tree=TreeShape(top_k=2, depth=2), acceptance=calibrator)
+    policy = build_policy(
+        "fixed", tree=TreeShape(top_k=2, depth=2), acceptance=calibrator, recalibrate=False
+    )
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     accept = policy.acceptance_fn()(logits, torch.tensor([1]), torch.tensor([0.7]))
     probs = logits.softmax(-1)
@@ -241,3 +259,18 @@ def test_every_policy_keeps_greedy_output_identical(llama, name):
 def test_bad_policy_options_are_clear_errors(name, options, message):
     with pytest.raises(ValueError, match=message):
         build_policy(name, **options)
+
+
+@pytest.mark.parametrize(("drafter_seed", "direction"), [(None, 1), (99, -1)])
+def test_the_policy_recalibrates_its_acceptance_from_the_verifications(
+    llama, drafter_seed, direction
+):
+    # The offline model says 0.5 everywhere; a same-model drafter is always accepted, an
+    # unrelated one almost never: the online model moves each way.
+    draft_model = llama if drafter_seed is None else tiny_model("llama", seed=drafter_seed)
+    policy = build_policy("fixed", max_draft_tokens=4, acceptance=ConstantCalibrator(0.5))
+    _decode(llama, policy, max_new=40, drafter=DraftModelDrafter(draft_model))
+    signals = {"top1_prob": torch.tensor([0.5]), "position": torch.tensor([0.0])}
+    learned = float(policy.acceptance_prob(signals)[0])
+    assert policy.acceptance.n_observed > 5
+    assert (learned - 0.5) * direction > 0.1

@@ -62,6 +62,7 @@ class AdaEDLPolicy(DraftPolicy):
         return self.token_stop_fn(bound_below_threshold)
 
     def observe(self, outcome: RoundOutcome) -> None:
+        super().observe(outcome)
         drafted = len(outcome.draft)
         if drafted == 0:
             return

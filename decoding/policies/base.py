@@ -10,6 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
+from draftsmith.decoding.online import OnlineAcceptance, round_outcomes
 from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape
 
 StopRule = Callable[[int, dict[str, float], float], bool]
@@ -57,10 +58,15 @@ class DraftPolicy:
     acceptance: AcceptanceModel | None = None
     """Calibrated P(accept) of a drafted token from its confidence signals (an artifact's fitted
     calibrator); None: the raw top-1 probability."""
+    recalibrate: bool = True
+    """Correct `acceptance` online from every verification (`OnlineAcceptance`, the offline fit
+    as its prior), so the policy acts on the acceptance of the traffic it sees."""
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:
             raise ValueError(f"max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
+        if self.recalibrate and not isinstance(self.acceptance, OnlineAcceptance):
+            self.acceptance = OnlineAcceptance(self.acceptance)
 
     @property
     def largest(self) -> TreeShape:
@@ -84,7 +90,15 @@ class DraftPolicy:
         return draft
 
     def observe(self, outcome: RoundOutcome) -> None:
-        """Learn from a verified round."""
+        """Learn from a verified round: the online acceptance model sees what the target
+        accepted (a subclass that learns more calls this too)."""
+        draft = outcome.draft
+        if (
+            isinstance(self.acceptance, OnlineAcceptance)
+            and len(draft)
+            and draft.logits is not None
+        ):
+            self.acceptance.observe(*round_outcomes(draft, outcome.accepted_path))
 
     def acceptance_prob(self, signals: dict[str, torch.Tensor]) -> torch.Tensor:
         """P(the target accepts each drafted token) (k,) from `confidence_signals` output."""

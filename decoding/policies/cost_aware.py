@@ -209,6 +209,7 @@ class CostAwarePolicy(DraftPolicy):
     # -- learning ----------------------------------------------------------------------------
 
     def observe(self, outcome: RoundOutcome) -> None:
+        super().observe(outcome)
         if self._plain_left > 0:
             self._plain_left -= 1
             self._plain_round_s.add(outcome.round_s)
