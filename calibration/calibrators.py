@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from draftsmith.calibration.io import read_calibration, write_calibration
-from draftsmith.core.signals import PROBABILITY_SIGNALS, SIGNAL_NAMES, signal_matrix
+from draftsmith.core.signals import KNOWN_SIGNALS, PROBABILITY_SIGNALS, signal_matrix
 
 Features = np.ndarray | torch.Tensor | Mapping[str, np.ndarray | torch.Tensor]
 """A feature matrix (N, S) with columns in `Calibrator.signals` order, (N,) for one signal, or
@@ -76,9 +76,9 @@ class Calibrator(ABC):
         signals = (signals,) if isinstance(signals, str) else tuple(signals)
         if not signals or len(set(signals)) != len(signals):
             raise ValueError(f"signals must be distinct and non-empty, got {list(signals)}")
-        unknown = [s for s in signals if s not in SIGNAL_NAMES]
+        unknown = [s for s in signals if s not in KNOWN_SIGNALS]
         if unknown:
-            raise ValueError(f"unknown signals {unknown}; known signals: {list(SIGNAL_NAMES)}")
+            raise ValueError(f"unknown signals {unknown}; known signals: {list(KNOWN_SIGNALS)}")
         if self.max_signals is not None and len(signals) > self.max_signals:
             raise ValueError(
                 f"{self.kind} calibrates {self.max_signals} signal(s), got {list(signals)}; "

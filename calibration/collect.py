@@ -37,9 +37,11 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from draftsmith.core.sampling import SamplingParams, probabilities
-from draftsmith.core.signals import SIGNAL_NAMES, confidence_signals
+from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL, SIGNAL_NAMES, confidence_signals
 from draftsmith.core.target import Target, TargetBatch
 from draftsmith.decoding import RoundRecord, SpeculativeDecoder
+from draftsmith.heads.acceptance import AcceptanceHead, chain_labels, chain_outcomes, chain_signals
+from draftsmith.heads.learned_acceptance import LearnedAcceptance
 from draftsmith.heads.trainable import DraftHead
 
 OUTCOME_COLUMNS = ("accepted", "accept_prob")
@@ -54,6 +56,9 @@ class DraftRecorder:
     rows: dict[str, list] = field(default_factory=lambda: {c: [] for c in _COLUMNS})
     source: int = 0
     """Id of the prompt or document being decoded, stored with each row."""
+    acceptance: LearnedAcceptance | None = None
+    """Decoding: the drafter's learned acceptance head, whose P(accept) is recorded as the
+    `acceptance_head` signal; None: no such column."""
 
     def __call__(self, record: RoundRecord) -> None:
         draft = record.draft
@@ -75,6 +80,9 @@ class DraftRecorder:
         ratio = p.gather(1, tokens)[:, 0] / q.gather(1, tokens)[:, 0].clamp_min(1e-12)
         for name in SIGNAL_NAMES:
             self.rows[name].extend(signals[name].tolist())
+        if self.acceptance is not None:  # the head reads the signals at temperature 1
+            head = self.acceptance.head_probability(confidence_signals(draft.logits[:n]))
+            self.rows.setdefault(ACCEPTANCE_HEAD_SIGNAL, []).extend(head.tolist())
         self.rows["accepted"].extend(accepted.tolist())
         self.rows["accept_prob"].extend(ratio.clamp(max=1.0).tolist())
         self.rows["source"].extend([self.source] * n)
@@ -86,12 +94,14 @@ class DraftRecorder:
         row: int,
         draft_to_target: torch.Tensor | None,
         first: int = 0,
+        head_probs: torch.Tensor | None = None,
     ) -> None:
-        """Record the qualifying chain steps of one teacher-forced row.
+        """Record the qualifying chain steps of one teacher-forced row (`chain_outcomes`).
 
         step_logits (T, K, V_d): draft position k of the chain after position t drafts token
         t + 1 + k; batch: the target's view of the rows; draft_to_target (V_d,) or None; chains
-        after positions before `first` are not recorded.
+        after positions before `first` are not recorded; head_probs (T, K): a learned
+        acceptance head's P(accept) of each step, recorded as `acceptance_head`.
         """
         length, num_steps, _ = step_logits.shape
         ids = batch.input_ids[row]
@@ -99,21 +109,13 @@ class DraftRecorder:
         drafted = step_logits.argmax(-1)  # (T, K)
         if draft_to_target is not None:
             drafted = draft_to_target.to(drafted.device)[drafted]
-        # label[t, k] = t + k: the target position whose logits score step k at t
-        label = torch.arange(length)[:, None] + torch.arange(num_steps)[None, :]
-        inside = label + 1 < length
-        label = label.clamp(max=length - 2).to(ids.device)
-        target_top1 = target_logits.argmax(-1)[label]  # (T, K)
-        accepted = drafted == target_top1
-        # the text continues with the drafted token, which the target would also have chosen
-        on_greedy_path = accepted & (ids[label + 1] == target_top1)
-        prefix_ok = torch.ones_like(accepted)
-        prefix_ok[:, 1:] = on_greedy_path[:, :-1].cumprod(-1).bool()
-        counted = batch.loss_mask[row].to(ids.device).bool()[label]
-        keep = prefix_ok & inside.to(ids.device) & counted
+        loss_mask = batch.loss_mask[row].to(ids.device)
+        accepted, keep = chain_outcomes(drafted, ids, target_logits.argmax(-1), loss_mask)
         keep[:first] = False
         if not keep.any():
             return
+        # label[t, k] = t + k: the target position whose logits score step k at t
+        label, _ = chain_labels(length, num_steps, ids.device)
         signals = confidence_signals(step_logits, temperature=self.temperature)
         sampling = SamplingParams(temperature=self.temperature)
         q = probabilities(step_logits.float(), sampling)  # (T, K, V_d)
@@ -123,6 +125,8 @@ class DraftRecorder:
         accept_prob = torch.minimum(p[label], q).sum(-1).clamp(max=1.0)
         for name in SIGNAL_NAMES:
             self.rows[name].extend(signals[name][keep].tolist())
+        if head_probs is not None:
+            self.rows.setdefault(ACCEPTANCE_HEAD_SIGNAL, []).extend(head_probs[keep].tolist())
         self.rows["accepted"].extend(accepted[keep].float().tolist())
         self.rows["accept_prob"].extend(accept_prob[keep].tolist())
         self.rows["source"].extend([self.source] * int(keep.sum()))
@@ -148,13 +152,15 @@ def collect_from_decoding(
     temperature: float = 1.0,
     decode_temperature: float = 0.0,
     seed: int = 0,
+    acceptance: LearnedAcceptance | None = None,
 ) -> Dataset:
     """Decode every prompt and record each informative drafted token (see module docstring).
 
     temperature: temperature of the recorded sampling outcome and signals.
     decode_temperature: temperature the decoding itself runs at (0: greedy, the usual case).
+    acceptance: the decoder's drafter's learned acceptance head: records `acceptance_head`.
     """
-    recorder = DraftRecorder(temperature=temperature)
+    recorder = DraftRecorder(temperature=temperature, acceptance=acceptance)
     for index, prompt in enumerate(tqdm(list(prompts), desc="collect")):
         recorder.source = index
         decoder.generate(
@@ -175,9 +181,11 @@ def collect_teacher_forced(
     *,
     temperature: float = 1.0,
     batch_size: int = 4,
+    acceptance: AcceptanceHead | None = None,
 ) -> Dataset:
     """Record every qualifying drafted token of the head's chains over held-out documents (see
-    the module docstring).
+    the module docstring); with the head's learned `acceptance` head, its P(accept) too, as the
+    `acceptance_head` signal.
 
     documents: (input_ids (T,), loss_mask (T,)) pairs of any lengths, in the data pipeline's
     convention (loss_mask[t] = 1: token t counts); a chain step is recorded only where the token
@@ -193,13 +201,25 @@ def collect_teacher_forced(
         group = documents[first : first + batch_size]
         ids, loss_mask = _right_padded(group)
         batch = Target(target, layers).batch(ids.to(target.device), loss_mask)
-        steps = torch.stack(head.forward_train(batch), dim=2)  # (B, T, K, V_d)
-        # The draft after position t comes from row t - s, steps s .. K-1.
-        steps = steps[:, :, shift:].roll(shift, dims=1)  # rows t < s wrap around: never kept
+        if acceptance is None:
+            step_logits, head_probs = head.forward_train(batch), None
+        else:
+            step_logits, states = head.forward_states(batch)
+            head_probs = acceptance.predict(torch.stack(states, 2), chain_signals(step_logits))
+            head_probs = _drafted_steps(head_probs, shift)
+        steps = _drafted_steps(torch.stack(step_logits, dim=2), shift)  # (B, T, K - s, V_d)
         for row in range(len(group)):
             recorder.source = first + row
-            recorder.add_chains(steps[row], batch, row, draft_to_target, first=shift)
+            probs = None if head_probs is None else head_probs[row]
+            recorder.add_chains(steps[row], batch, row, draft_to_target, shift, probs)
     return recorder.dataset()
+
+
+def _drafted_steps(steps: torch.Tensor, shift: int) -> torch.Tensor:
+    """Per-step values (B, T, K, ...) of the rows read at t -> those of the draft after position
+    t (B, T, K - s, ...): it comes from row t - s, steps s .. K-1 (rows t < s wrap around and are
+    never kept)."""
+    return steps[:, :, shift:].roll(shift, dims=1)
 
 
 def _right_padded(

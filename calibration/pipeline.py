@@ -107,20 +107,11 @@ def calibrate_records(
     signals = {name: np.asarray(records[name]) for name in names}
     y = np.asarray(records[outcome])
     raw = np.asarray(records["top1_prob"])  # the drafter's own, uncalibrated confidence
-    calibrated = np.empty_like(y, dtype=np.float64)
-    for scored in source_folds(np.asarray(records["source"]), config.folds, config.seed):
-        fitted = np.ones(len(y), dtype=bool)
-        fitted[scored] = False
-        fold_calibrator = build_calibrator(config.method, signals=names).fit(
-            {name: values[fitted] for name, values in signals.items()}, y[fitted]
-        )
-        calibrated[scored] = fold_calibrator.predict(
-            {name: values[scored] for name, values in signals.items()}
-        )
+    sources = np.asarray(records["source"])
+    calibrated = cross_fit(config.method, signals, y, sources, config.folds, config.seed)
     calibrator = build_calibrator(config.method, signals=names).fit(signals, y)
     before = calibration_metrics(raw, y, n_bins=config.n_bins)
     after = calibration_metrics(calibrated, y, n_bins=config.n_bins)
-    sources = np.asarray(records["source"])
     n_sources = len(np.unique(sources))
 
     def equal_mass_ece(conf: np.ndarray, outcomes: np.ndarray) -> float:
@@ -169,6 +160,30 @@ def calibrate_records(
     )
     logger.info("wrote %s and %s", path, artifact_dir / REPORT_DIR)
     return {**payload, **calibrator.to_dict()}
+
+
+def cross_fit(
+    method: str,
+    signals: dict[str, np.ndarray],
+    outcomes: np.ndarray,
+    sources: np.ndarray,
+    folds: int,
+    seed: int = 0,
+) -> np.ndarray:
+    """Every record's P(accept) (N,) from a `method` calibrator over `signals` (each (N,))
+    fitted on the other folds of sources (`source_folds`): each scored out of sample."""
+    names = list(signals)
+    predicted = np.empty_like(outcomes, dtype=np.float64)
+    for scored in source_folds(sources, folds, seed):
+        fitted = np.ones(len(outcomes), dtype=bool)
+        fitted[scored] = False
+        calibrator = build_calibrator(method, signals=names).fit(
+            {name: values[fitted] for name, values in signals.items()}, outcomes[fitted]
+        )
+        predicted[scored] = calibrator.predict(
+            {name: values[scored] for name, values in signals.items()}
+        )
+    return predicted
 
 
 def source_folds(sources: np.ndarray, folds: int, seed: int = 0) -> list[np.ndarray]:

@@ -30,6 +30,10 @@ draft's top-1 probabilities along the node's path (the confidence signals' `posi
 `path_prob`). A draft policy supplies it (calibrated when the artifact is); drafters only rank
 tree nodes with it."""
 
+StatesHook = Callable[[torch.Tensor, torch.Tensor], None]
+"""hook(logits (m, V), states (m, H)): m rows of draft logits a drafter just emitted (the very
+tensor it drafts from) and the hidden states it computed them from."""
+
 
 def raw_acceptance(
     logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor
@@ -186,6 +190,8 @@ class Drafter(ABC):
     """Size of the token space the drafter proposes from; None if it only copies token ids."""
     target_feature_layers: tuple[int, ...] = ()
     """Indices into the target's `hidden_states` output that this drafter reads (empty: none)."""
+    state_size: int | None = None
+    """Width of the hidden states `expose_states` hands out; None: the drafter has none."""
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
@@ -221,6 +227,15 @@ class Drafter(ABC):
     @abstractmethod
     def draft(self, request: DraftRequest) -> Draft:
         """`propose` for a shape of at least one token."""
+
+    def expose_states(self, hook: StatesHook | None) -> None:
+        """Call hook with every batch of draft logits this drafter emits and the hidden states
+        behind them (what a learned acceptance head reads); None: stop. Kinds without hidden
+        states raise a ValueError."""
+        raise ValueError(
+            f"{type(self).__name__} has no hidden states behind its drafts, which a learned "
+            "acceptance head reads: use an eagle or eagle3 drafter"
+        )
 
     @abstractmethod
     def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
 from draftsmith.core.target import TargetBatch
-from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
+from draftsmith.heads.base import Draft, Drafter, DraftRequest, StatesHook, register_drafter
 from draftsmith.heads.blocks import (
     DecoderBlock,
     SharesTargetParts,
@@ -116,7 +116,15 @@ class FeatureRecurrentHead(SharesTargetParts, DraftHead):
         return self.unroll(batch.features, batch.input_ids)
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
-        return [self.logits(h) for h in self.predict_features(batch)]
+        return self.forward_states(batch)[0]
+
+    @property
+    def state_size(self) -> int:
+        return self.hidden_size
+
+    def forward_states(self, batch: TargetBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        predicted = self.predict_features(batch)
+        return [self.logits(h) for h in predicted], predicted
 
     def as_drafter(self, target: PreTrainedModel) -> FeatureDrafter:
         self.bind_target(target)
@@ -175,11 +183,11 @@ class EagleHead(FeatureRecurrentHead):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.parts().logits(hidden)
 
-    def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
-        predicted = self.predict_features(batch)
+    def predict_features(self, batch: TargetBatch) -> list[torch.Tensor]:
+        predicted = super().predict_features(batch)
         weight = self.config.feature_loss_weight
         self._auxiliary = self._feature_loss(predicted, batch) if weight else None
-        return [self.logits(h) for h in predicted]
+        return predicted
 
     def _feature_loss(self, predicted: list[torch.Tensor], batch: TargetBatch) -> torch.Tensor:
         """Smooth L1 between step j's prediction at row t and the target feature of t + j, over
@@ -212,11 +220,13 @@ class FeatureDrafter(Drafter):
         self.head = head.eval()
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
+        self.state_size = head.hidden_size
         self._d2t = head.draft_to_target()
         self._committed: list[int] = []
         self._own = OwnCache()
         self._features = LaggedFeatures(len(head.target_feature_layers) * head.hidden_size)
         self._newest: torch.Tensor | None = None  # (1, 1, H) predicted feature of the newest row
+        self._states_hook: StatesHook | None = None
 
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         self._committed = prompt_ids.tolist()
@@ -279,7 +289,13 @@ class FeatureDrafter(Drafter):
 
     def _target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Predicted features (1, k, H) -> logits (k, V) over the target vocabulary."""
-        return to_target_vocab(self.head.logits(hidden)[0].float(), self._d2t, self.vocab_size)
+        logits = to_target_vocab(self.head.logits(hidden)[0].float(), self._d2t, self.vocab_size)
+        if self._states_hook is not None:
+            self._states_hook(logits, hidden[0])
+        return logits
+
+    def expose_states(self, hook: StatesHook | None) -> None:
+        self._states_hook = hook
 
     def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         # The cache holds committed rows only (see draft): nothing to roll back.

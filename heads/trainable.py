@@ -91,6 +91,20 @@ class DraftHead(nn.Module, ABC):
     def as_drafter(self, target: PreTrainedModel) -> Drafter:
         """The inference-side `Drafter` running this head next to `target`."""
 
+    @property
+    def state_size(self) -> int | None:
+        """Width H of the hidden states behind each step's logits (`forward_states`), which a
+        learned acceptance head reads; None: the kind exposes none."""
+        return None
+
+    def forward_states(self, batch: TargetBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`forward_train`'s K step logits and the K hidden states (B, T, H) they are computed
+        from; a ValueError for kinds that expose none (`state_size` None)."""
+        raise ValueError(
+            f"{self.kind} heads expose no hidden states behind their logits, which a learned "
+            "acceptance head reads: train one on an eagle or eagle3 head"
+        )
+
     def fit_to_sample(self, sample: TargetBatch) -> None:
         """Set what a kind fits to data once, before training (EAGLE-3's fc initialisation),
         from a sample of the training rows with their target features (heads that read target

@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 from conftest import tiny_model
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import nn
 from transformers import PreTrainedTokenizerFast
@@ -333,6 +334,91 @@ def test_the_head_is_fitted_to_the_leading_training_rows_once(
     first = trainer.train_source.batch(torch.arange(rows), "cpu")
     assert torch.equal(sample.input_ids, first.input_ids)
     torch.testing.assert_close(sample.features, first.features)
+
+
+# -- a learned acceptance head --------------------------------------------------------------------
+
+ACCEPTANCE = {"head": "eagle3", "head_args": {"num_steps": 2, "draft_vocab_size": 64}}
+
+
+def drafter_tensors(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "drafter" / "model.safetensors"))
+
+
+def test_an_acceptance_head_trains_beside_the_drafter_without_changing_it(
+    tmp_path, corpus, target, tokenizer
+):
+    runs = {}
+    for name, extra in (("plain", {}), ("with", {"acceptance_head": {"width": 16}})):
+        raw = recipe(corpus, tmp_path / name, **ACCEPTANCE, **extra, max_steps=6, lr=1e-3)
+        runs[name] = train(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
+    plain, joint = drafter_tensors(tmp_path / "plain"), drafter_tensors(tmp_path / "with")
+    assert plain.keys() == joint.keys()
+    assert all(torch.equal(plain[name], joint[name]) for name in plain)
+    assert "acceptance_head" not in runs["plain"].metrics
+    scored = runs["with"].metrics["acceptance_head"]
+    assert scored["steps"] > 0 and 0 < scored["mean_predicted"] < 1
+    assert all("acceptance_bce" in r for r in metrics(tmp_path / "with", "train"))
+    assert (tmp_path / "with/drafter/acceptance_head.safetensors").is_file()
+
+
+def test_a_trained_drafter_gets_an_acceptance_head_in_a_short_pass(
+    tmp_path, corpus, target, tokenizer
+):
+    from draftsmith.artifact import load_acceptance_head
+
+    first = recipe(corpus, tmp_path / "drafter", **ACCEPTANCE, max_steps=6, lr=1e-3)
+    trained = train(config_of(first, tmp_path), target=target, tokenizer=tokenizer).artifact
+    raw = recipe(
+        corpus,
+        tmp_path / "acceptance",
+        **ACCEPTANCE,
+        init_from=str(trained),
+        train_drafter=False,
+        acceptance_head={"width": 16},
+        max_steps=30,
+        lr=1e-2,
+    )
+    result = train(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
+    records = metrics(tmp_path / "acceptance", "train")
+    losses = [r["loss"] for r in records]  # the acceptance head's alone: the drafter is frozen
+    assert losses == pytest.approx([r["acceptance_bce"] for r in records], abs=1e-5)
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    before, after = drafter_tensors(tmp_path / "drafter"), drafter_tensors(tmp_path / "acceptance")
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    head = load_acceptance_head(result.artifact, target.config.hidden_size)
+    assert head is not None and head.config.width == 16
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"train_drafter": False}, "give acceptance_head"),
+        ({"train_drafter": False, "acceptance_head": {}}, "and init_from"),
+        ({"acceptance_head": {"width": -1}}, "width must be >= 0"),
+        ({"init_from": "/nonexistent/artifact"}, "init_from: no drafter artifact"),
+    ],
+)
+def test_acceptance_recipe_errors_are_clear(tmp_path, corpus, extra, message):
+    with pytest.raises(ValueError, match=message):
+        config_of(recipe(corpus, tmp_path / "run", **ACCEPTANCE, **extra), tmp_path)
+
+
+def test_init_from_must_hold_the_recipe_head(tmp_path, corpus, target, tokenizer):
+    first = recipe(corpus, tmp_path / "drafter", **ACCEPTANCE, max_steps=2, warmup_steps=0)
+    trained = str(train(config_of(first, tmp_path), target=target, tokenizer=tokenizer).artifact)
+    with pytest.raises(ValueError, match="holds a eagle3 head, but the recipe trains head: mtp"):
+        config_of(recipe(corpus, tmp_path / "run", head="mtp", init_from=trained), tmp_path)
+    other_steps = {**ACCEPTANCE, "head_args": {"num_steps": 3, "draft_vocab_size": 64}}
+    raw = recipe(corpus, tmp_path / "run", **other_steps, init_from=trained)
+    with pytest.raises(ValueError, match="make head_args match the artifact's"):
+        Trainer(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
+
+
+def test_an_acceptance_head_needs_a_head_with_hidden_states(tmp_path, corpus, target, tokenizer):
+    raw = recipe(corpus, tmp_path / "run", head="medusa", acceptance_head={})
+    with pytest.raises(ValueError, match="medusa heads expose no hidden states"):
+        Trainer(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
 
 
 def test_cli_prepares_data_and_trains_in_process(tmp_path, corpus, target, tokenizer, capsys):

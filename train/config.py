@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from draftsmith.artifact import read_artifact_config
 from draftsmith.core.config import ConfigError, load_config
 from draftsmith.core.models import Dtype
 from draftsmith.data.documents import DataConfig
 from draftsmith.heads import HeadConfig, head_config
+from draftsmith.heads.acceptance import AcceptanceHeadConfig
 from draftsmith.train.objectives import ObjectiveConfig
 
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
@@ -34,6 +36,15 @@ class TrainConfig:
     MedusaConfig, ...), checked when the recipe is read and held as that typed config."""
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     """Divergence and per-step decay the head is trained with."""
+    acceptance_head: AcceptanceHeadConfig | None = None
+    """Also train a learned acceptance head (SpecDec++) on the head's detached hidden states
+    and confidence signals, by binary cross-entropy against teacher-forced acceptance (the
+    head's own training is unchanged); saved in the artifact. None: none."""
+    init_from: str | None = None
+    """A trained artifact of this head (kind and head_args as the recipe's) to start from: its
+    weights replace the fresh head's. None: a fresh head."""
+    train_drafter: bool = True
+    """False: the head stays frozen (from init_from) and only the acceptance head trains."""
     data: DataConfig
     """Training rows (the `train` split); `data.seq_len` is the sequence length."""
     eval_data: DataConfig | None = None
@@ -97,12 +108,33 @@ class TrainConfig:
             raise ConfigError(
                 f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps})"
             )
+        if not self.train_drafter and (self.acceptance_head is None or self.init_from is None):
+            raise ConfigError(
+                "train_drafter: false trains only a learned acceptance head beside a trained "
+                "drafter: give acceptance_head (e.g. acceptance_head.width=64) and init_from "
+                "(the trained artifact)"
+            )
+        if self.init_from is not None:
+            self._check_init_from()
         if self.data.split != "train":
             raise ConfigError(f"data.split must be train, got {self.data.split!r}")
         if self.eval_data is not None and self.eval_data.seq_len != self.data.seq_len:
             raise ConfigError(
                 f"eval_data.seq_len ({self.eval_data.seq_len}) differs from data.seq_len "
                 f"({self.data.seq_len})"
+            )
+
+    def _check_init_from(self) -> None:
+        """init_from is an artifact of this recipe's head kind (checked before any model loads;
+        its head config is compared with the recipe's once the head is built)."""
+        try:
+            kind = read_artifact_config(self.init_from)["drafter"]
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"init_from: {error}") from None
+        if kind != self.head:
+            raise ConfigError(
+                f"init_from {self.init_from} holds a {kind} head, but the recipe trains "
+                f"head: {self.head}; give an artifact of the recipe's kind"
             )
 
 

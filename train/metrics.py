@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from draftsmith.train.acceptance import ACCEPTANCE_SUMS
 from draftsmith.train.objectives import Agreement, ObjectiveOutput
 
 __all__ = ["Totals"]
@@ -21,17 +22,23 @@ class Totals:
         self.batches = 0
         self._losses: torch.Tensor | None = None  # (1 + K,) the loss, then the K step losses
         self._agreement: Agreement | None = None
+        self._acceptance: torch.Tensor | None = None  # (len(ACCEPTANCE_SUMS),)
 
     def add(self, out: ObjectiveOutput) -> None:
         losses = torch.cat([out.loss.detach().float()[None], out.step_losses.float()])
         self._losses = losses if self._losses is None else self._losses + losses
         agreement = out.agreement
         self._agreement = agreement if self._agreement is None else self._agreement + agreement
+        if out.acceptance is not None:
+            sums = out.acceptance.detach().float()
+            self._acceptance = sums if self._acceptance is None else self._acceptance + sums
         self.batches += 1
 
     def reduce(self, accelerator: Accelerator) -> dict[str, Any]:
         """{loss, step_loss (K,), top1 (K,), acceptance (K,), tau_sim (K,), positions}: losses
-        averaged over batches and processes, agreement counted over all of them.
+        averaged over batches and processes, agreement counted over all of them; with a
+        learned acceptance head also acceptance_head {bce, accuracy, accepted_rate,
+        mean_predicted, steps} over the draft steps it was scored on.
         Every process calls it, each having added the same number of batches (an all-reduce)."""
         if self._losses is None or self._agreement is None:
             raise ValueError("no batches to reduce")
@@ -39,7 +46,7 @@ class Totals:
         losses = accelerator.reduce(self._losses.to(device), reduction="mean") / self.batches
         counts = accelerator.reduce(self._agreement.as_tensor().to(device), reduction="sum")
         agreement = Agreement.from_tensor(counts.cpu())
-        return {
+        record = {
             "loss": float(losses[0]),
             "step_loss": [round(float(x), 5) for x in losses[1:]],
             "top1": _rounded(agreement.top1()),
@@ -47,6 +54,21 @@ class Totals:
             "tau_sim": _rounded(agreement.tau_sim()),
             "positions": int(agreement.total[0]),
         }
+        if self._acceptance is not None:
+            sums = accelerator.reduce(self._acceptance.to(device), reduction="sum").cpu().tolist()
+            record["acceptance_head"] = _acceptance_record(
+                dict(zip(ACCEPTANCE_SUMS, sums, strict=True))
+            )
+        return record
+
+
+def _acceptance_record(sums: dict[str, float]) -> dict[str, Any]:
+    """Rates of the acceptance head from its summed `ACCEPTANCE_SUMS`."""
+    steps = sums["steps"]
+    names = {"bce": "bce", "accuracy": "correct", "accepted_rate": "accepted"}
+    names["mean_predicted"] = "predicted"
+    rates = _rounded([sums[key] / steps if steps else math.nan for key in names.values()])
+    return {**dict(zip(names, rates, strict=True)), "steps": int(steps)}
 
 
 def _rounded(values: list[float]) -> list[float | None]:

@@ -151,6 +151,9 @@ class ObjectiveOutput:
     step_losses: torch.Tensor
     """(K,) detached per-step losses."""
     agreement: Agreement
+    acceptance: torch.Tensor | None = None
+    """A learned acceptance head's detached sums (`draftsmith.train.acceptance.ACCEPTANCE_SUMS`),
+    or None without one."""
 
 
 def step_weights(num_steps: int, decay: float) -> torch.Tensor:

@@ -37,11 +37,12 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
-from draftsmith.artifact import save_artifact
-from draftsmith.core.config import config_to_dict, save_config
+from draftsmith.artifact import load_head, save_artifact
+from draftsmith.core.config import ConfigError, config_to_dict, save_config
 from draftsmith.core.models import load_model
 from draftsmith.data.documents import DataConfig, build_dataset
-from draftsmith.heads import build_head, fit_draft_vocab  # registers every built-in kind
+from draftsmith.heads import DraftHead, build_head, fit_draft_vocab  # registers every kind
+from draftsmith.train.acceptance import build_acceptance_head
 from draftsmith.train.checkpoint import (
     TrainerState,
     latest_checkpoint,
@@ -128,14 +129,22 @@ class Trainer:
         self.target = target.eval().requires_grad_(False).to(acc.device)
         train_rows = packed_rows(build_dataset(config.data, tokenizer))
         head = build_head(config.head, self.target, config.head_args).to(acc.device)
-        fit_draft_vocab(head, *train_rows, self.target.config.get_text_config().vocab_size)
+        if config.init_from is not None:
+            _load_trained(head, config.init_from, self.target)
+        else:
+            fit_draft_vocab(head, *train_rows, self.target.config.get_text_config().vocab_size)
         layers = tuple(head.target_feature_layers)
 
         self.train_source = self._train_source(*train_rows, layers)
-        if layers:  # heads reading no target features fit nothing to them
+        # Heads reading no target features fit nothing to them; trained ones are fitted already.
+        if layers and config.init_from is None:
             # The same leading rows on every process, so each fits the same values.
             sample = torch.arange(min(FIT_SAMPLE_ROWS, len(self.train_source)))
             head.fit_to_sample(self.train_source.batch(sample, acc.device))
+        head.requires_grad_(config.train_drafter)
+        acceptance = None
+        if config.acceptance_head is not None:
+            acceptance = build_acceptance_head(head, config.acceptance_head).to(acc.device)
         eval_rows = packed_rows(build_dataset(self._eval_data(), tokenizer))
         self.eval_source = OnlineFeatures(self.target, layers, *eval_rows)
         self.sampler = EpochSampler(
@@ -146,7 +155,8 @@ class Trainer:
             acc.num_processes,
         )
 
-        self.module = acc.prepare(HeadObjective(head, config.objective))
+        objective = HeadObjective(head, config.objective, acceptance, config.train_drafter)
+        self.module = acc.prepare(objective)
         self.optimizer = acc.prepare(self._optimizer())
         # Not prepared: a prepared scheduler steps once per process per optimizer step.
         self.scheduler = get_cosine_schedule_with_warmup(
@@ -257,6 +267,8 @@ class Trainer:
                 reduced = window.reduce(acc)
                 window = Totals()
                 record = {"loss": reduced["loss"], "top1": reduced["top1"]}
+                if "acceptance_head" in reduced:
+                    record["acceptance_bce"] = reduced["acceptance_head"]["bce"]
                 if grad_norm is not None:
                     record["grad_norm"] = grad_norm
                 # the lr of the next step, as the scheduler has already stepped
@@ -298,13 +310,26 @@ class Trainer:
                 out = self.module(batch)
                 acc.backward(out.loss / config.grad_accum)
             window.add(out)
-        grad_norm = None
-        if config.clip_grad_norm is not None:
-            grad_norm = float(acc.clip_grad_norm_(self.module.parameters(), config.clip_grad_norm))
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def _clip_gradients(self) -> float | None:
+        """Clip to `clip_grad_norm`; returns the norm before clipping (the drafter's; the
+        acceptance head's when only it trains), None without clipping. The acceptance head is
+        clipped on its own, so it never changes the drafter's steps."""
+        config, acc = self.config, self.accelerator
+        if config.clip_grad_norm is None:
+            return None
+        objective = acc.unwrap_model(self.module)
+        if objective.acceptance is None:
+            return float(acc.clip_grad_norm_(self.module.parameters(), config.clip_grad_norm))
+        norm = acc.clip_grad_norm_(objective.acceptance.parameters(), config.clip_grad_norm)
+        if config.train_drafter:
+            norm = acc.clip_grad_norm_(objective.head.parameters(), config.clip_grad_norm)
+        return float(norm)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
@@ -332,7 +357,11 @@ class Trainer:
         weights = acc.get_state_dict(self.module)  # every process takes part in the gather
         if acc.is_main_process:
             head = build_head(config.head, self.target, config.head_args).to(acc.device)
-            head.load_state_dict({k.removeprefix("head."): v for k, v in weights.items()})
+            head.load_state_dict(_submodule(weights, "head"))
+            acceptance = None
+            if config.acceptance_head is not None:
+                acceptance = build_acceptance_head(head, config.acceptance_head)
+                acceptance.load_state_dict(_submodule(weights, "acceptance"))
             training = {
                 "recipe": config_to_dict(config),
                 "steps": self.state.step,
@@ -341,11 +370,35 @@ class Trainer:
                 "num_processes": acc.num_processes,
             }
             out = save_artifact(
-                head, self.target, out, training=training, target_name_or_path=config.target
+                head,
+                self.target,
+                out,
+                training=training,
+                target_name_or_path=config.target,
+                acceptance=acceptance,
             )
             print(f"drafter written to {out}")
         acc.wait_for_everyone()
         return out
+
+
+def _load_trained(head: DraftHead, path: str, target: PreTrainedModel) -> None:
+    """Replace the fresh head's weights by those of the trained artifact at `path`, whose head
+    config must be the recipe's."""
+    trained = load_head(path, target, dtype=torch.float32)
+    if trained.config != head.config:
+        raise ConfigError(
+            f"init_from {path} holds a {trained.kind} head with config "
+            f"{config_to_dict(trained.config)}, but the recipe's head_args give "
+            f"{config_to_dict(head.config)}: make head_args match the artifact's"
+        )
+    head.load_state_dict(trained.state_dict())
+
+
+def _submodule(weights: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    """The entries of a `HeadObjective` state dict under its submodule `name`, unprefixed."""
+    prefix = f"{name}."
+    return {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
 
 
 def _mixed_precision(setting: str) -> str:

@@ -7,6 +7,8 @@
     model.safetensors   the head's own tensors (never the target's shared modules)
     calibration.json    optional, written by calibration
     README.md           model card
+    acceptance_head.safetensors  optional, a learned acceptance head (config.json entry
+                        acceptance_head; `draftsmith.artifact.acceptance`)
 
 Loading validates before it trusts: the files exist, the version is readable (older formats are
 upgraded on read), the kind is known and the head config fits its config class (all of which
@@ -25,6 +27,7 @@ from draftsmith.artifact.files import (
 from draftsmith.artifact.fingerprint import target_fingerprint
 from draftsmith.artifact.load import (
     UntrainedDrafterError,
+    load_acceptance_head,
     load_acceptance_model,
     load_drafter,
     load_head,
@@ -39,6 +42,7 @@ __all__ = [
     "WEIGHTS_FILE",
     "UntrainedDrafterError",
     "__version__",
+    "load_acceptance_head",
     "load_acceptance_model",
     "load_drafter",
     "load_head",

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
+from draftsmith.artifact.acceptance import read_acceptance_head
 from draftsmith.artifact.checks import check_tensors
 from draftsmith.artifact.engines import foreign_layout, import_head
 from draftsmith.artifact.files import CALIBRATION_FILE, CONFIG_FILE, WEIGHTS_FILE, __version__
@@ -21,7 +22,10 @@ from draftsmith.artifact.fingerprint import target_record
 from draftsmith.artifact.save import own_tensors
 from draftsmith.calibration import Calibrator
 from draftsmith.core.config import ConfigError
+from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL, AcceptanceModel
 from draftsmith.heads import Drafter
+from draftsmith.heads.acceptance import AcceptanceHead
+from draftsmith.heads.learned_acceptance import LearnedAcceptance
 from draftsmith.heads.trainable import DraftHead, head_class, head_config
 
 
@@ -43,20 +47,55 @@ def load_drafter(
     return load_head(path, target, allow_untrained=allow_untrained).as_drafter(target)
 
 
-def load_acceptance_model(path: str | os.PathLike) -> Calibrator | None:
+def load_acceptance_model(
+    path: str | os.PathLike, drafter: Drafter | None = None
+) -> AcceptanceModel | None:
     """The calibrator fitted on held-out data (the artifact's calibration.json), to hand to the
-    draft policy as its acceptance model; None when the artifact is not calibrated."""
-    file = Path(path) / CALIBRATION_FILE
-    return Calibrator.load(file) if file.is_file() else None
+    draft policy as its acceptance model; None when the artifact is not calibrated.
+
+    A calibrator of the learned acceptance head's output (signal `acceptance_head`) needs the
+    head and the drafter it watches: given `drafter` (`load_drafter`'s), it comes as a
+    `LearnedAcceptance`; without, the head is only checked and the bare calibrator returned
+    (it scores records that carry the signal, e.g. `draftsmith calibrate --evaluate-only`)."""
+    path = Path(path)
+    file = path / CALIBRATION_FILE
+    if not file.is_file():
+        return None
+    calibrator = Calibrator.load(file)
+    if ACCEPTANCE_HEAD_SIGNAL not in calibrator.signals:
+        return calibrator
+    head = load_acceptance_head(path, None if drafter is None else drafter.state_size)
+    if head is None:
+        raise ValueError(
+            f"{file} calibrates the learned acceptance head, which {path} does not have: "
+            "calibrate the artifact again on other signals, or train the head into it"
+        )
+    return calibrator if drafter is None else LearnedAcceptance(head, drafter, calibrator)
+
+
+def load_acceptance_head(
+    path: str | os.PathLike, state_size: int | None = None
+) -> AcceptanceHead | None:
+    """The artifact's learned acceptance head (None when it has none), on the CPU in float32,
+    checked against the width of the hidden states it will read (`DraftHead.state_size`,
+    `Drafter.state_size`; None: unchecked). Run it beside a drafter with
+    `LearnedAcceptance(head, drafter)`."""
+    path = Path(path)
+    return read_acceptance_head(path, read_artifact_config(path), state_size)
 
 
 def load_head(
-    path: str | os.PathLike, target: PreTrainedModel, *, allow_untrained: bool = False
+    path: str | os.PathLike,
+    target: PreTrainedModel,
+    *,
+    allow_untrained: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> DraftHead:
     """The artifact's trained head, bound to `target`, in eval mode, on the target's device and
-    dtype (its training-side interface, e.g. for teacher-forced calibration); checked as
-    `load_drafter` checks it. A head published in an engine's layout (speculators, SGLang, the
-    EAGLE or Medusa repository, vLLM Medusa) is imported (`engines.import_head`)."""
+    in `dtype` (None: the target's) (its training-side interface, e.g. for teacher-forced
+    calibration); checked as `load_drafter` checks it. A head published in an engine's layout
+    (speculators, SGLang, the EAGLE or Medusa repository, vLLM Medusa) is imported
+    (`engines.import_head`)."""
     path = Path(path)
     if foreign_layout(path) is not None:
         return import_head(path, target)
@@ -77,7 +116,8 @@ def load_head(
     check_tensors(expected, tensors, path / WEIGHTS_FILE)
     _check_trained(head, tensors, path, allow_untrained)
     head.load_state_dict(tensors, strict=False)  # tied aliases are filled through their storage
-    head.to(device=target.device, dtype=target.dtype)  # integer buffers (d2t) keep their dtype
+    # integer buffers (d2t) keep their dtype
+    head.to(device=target.device, dtype=dtype or target.dtype)
     return head.eval()
 
 

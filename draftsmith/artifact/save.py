@@ -12,10 +12,16 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
+from draftsmith.artifact.acceptance import (
+    ACCEPTANCE_ENTRY,
+    acceptance_entry,
+    write_acceptance_head,
+)
 from draftsmith.artifact.files import CONFIG_FILE, README_FILE, WEIGHTS_FILE, __version__
 from draftsmith.artifact.fingerprint import target_record
 from draftsmith.artifact.staging import staged_directory
 from draftsmith.core.config import config_to_dict
+from draftsmith.heads.acceptance import AcceptanceHead
 from draftsmith.heads.trainable import DraftHead
 
 logger = logging.getLogger(__name__)
@@ -41,10 +47,13 @@ def save_artifact(
     *,
     training: dict,
     target_name_or_path: str,
+    acceptance: AcceptanceHead | None = None,
 ) -> Path:
     """Write `head` as an artifact directory at out_dir and return its path.
 
-    training: {"recipe": ..., "steps": ..., "metrics": ...} (JSON-serialisable). Everything is
+    training: {"recipe": ..., "steps": ..., "metrics": ...} (JSON-serialisable); acceptance: a
+    learned acceptance head reading `head`'s states, saved beside it
+    (`draftsmith.artifact.acceptance`). Everything is
     written into a temporary sibling directory, config.json last, which then replaces out_dir in
     one rename: a crash leaves either no artifact or a complete one. An existing artifact at
     out_dir is replaced (its calibration.json too: it described the old weights); any other
@@ -65,6 +74,13 @@ def save_artifact(
         "draft_vocab": None if draft_to_target is None else {"size": int(draft_to_target.numel())},
         "training": training,
     }
+    if acceptance is not None:
+        if acceptance.state_size != head.state_size:
+            raise ValueError(
+                f"the acceptance head reads states of width {acceptance.state_size}, the "
+                f"{head.kind} head's are {head.state_size}"
+            )
+        config[ACCEPTANCE_ENTRY] = acceptance_entry(acceptance)
     try:
         config_text = json.dumps(config, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as error:
@@ -75,6 +91,8 @@ def save_artifact(
 
     with staged_directory(out) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        if acceptance is not None:
+            write_acceptance_head(acceptance, tmp)
         (tmp / README_FILE).write_text(model_card(config))
         (tmp / CONFIG_FILE).write_text(config_text)
     logger.info("wrote %s drafter artifact to %s", head.kind, out)
@@ -109,6 +127,7 @@ def model_card(config: dict[str, Any]) -> str:
         f"- kind: `{config['drafter']}`",
         f"- config: `{json.dumps(_without(config['head'], 'draft_config'))}`",
         f"- draft vocabulary: {config['draft_vocab']['size'] if config['draft_vocab'] else 'full'}",
+        f"- learned acceptance head: {_acceptance_line(config.get(ACCEPTANCE_ENTRY))}",
         "",
         "## Training",
         "",
@@ -128,6 +147,12 @@ def model_card(config: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _acceptance_line(entry: dict | None) -> str:
+    if entry is None:
+        return "none"
+    return f"`{entry['file']}`, config `{json.dumps(entry['config'])}`"
 
 
 def _without(mapping: dict, key: str) -> dict:

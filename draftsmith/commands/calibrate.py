@@ -11,7 +11,13 @@ from typing import Literal
 import torch
 from datasets import Dataset
 
-from draftsmith.artifact import load_acceptance_model, load_head, read_artifact_config
+from draftsmith.artifact import (
+    load_acceptance_head,
+    load_acceptance_model,
+    load_head,
+    read_artifact_config,
+)
+from draftsmith.artifact.acceptance import ACCEPTANCE_ENTRY
 from draftsmith.artifact.engines import foreign_layout
 from draftsmith.calibration import CALIBRATION_FILE, Calibrator, calibrator_class
 from draftsmith.calibration.collect import collect_from_decoding, collect_teacher_forced
@@ -27,8 +33,12 @@ from draftsmith.calibration.pipeline import (
 from draftsmith.calibration.report import format_table, format_workload_table
 from draftsmith.commands.flags import POSITIONAL, as_config
 from draftsmith.core.models import Dtype, load_model
+from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL
 from draftsmith.data.documents import DataConfig, encode_documents, load_documents
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
+from draftsmith.heads import DraftHead
+from draftsmith.heads.acceptance import AcceptanceHead
+from draftsmith.heads.learned_acceptance import LearnedAcceptance
 
 
 @dataclass(kw_only=True)
@@ -96,7 +106,13 @@ class CalibrateCommand(CalibrateConfig):
                 f"draftsmith artifact: import it first (draftsmith import {self.artifact} "
                 "--target NAME --out ARTIFACT), then calibrate ARTIFACT"
             )
-        read_artifact_config(self.artifact)
+        config = read_artifact_config(self.artifact)
+        if ACCEPTANCE_HEAD_SIGNAL in self.signals and ACCEPTANCE_ENTRY not in config:
+            raise ValueError(
+                f"--signals names {ACCEPTANCE_HEAD_SIGNAL}, but {self.artifact} has no learned "
+                "acceptance head: train one into it (recipes/smollm2-135m/acceptance-head.yaml) "
+                "or calibrate other signals"
+            )
         if self.json is not None and self.json.resolve().is_relative_to(self.artifact.resolve()):
             raise ValueError(
                 f"--json {self.json} lies inside the artifact {self.artifact}, whose files are "
@@ -159,14 +175,17 @@ class CalibrateCommand(CalibrateConfig):
                 )
             documents = load_documents(self._data_config())
             target, tokenizer = load_model(self.target, dtype=self.dtype)
-            head = load_head(self.artifact, target)
+            head, acceptance = self._heads(target)
             encoded = self._encode(documents, tokenizer)
-            return collect_teacher_forced(head, target, encoded, temperature=temperature)
+            return collect_teacher_forced(
+                head, target, encoded, temperature=temperature, acceptance=acceptance
+            )
         heldout = heldout or self._source_texts()
         target, tokenizer = load_model(self.target, dtype=self.dtype)
-        head = load_head(self.artifact, target)
+        head, acceptance = self._heads(target)
         policy = FixedPolicy(max_draft_tokens=self.draft_tokens)
-        decoder = SpeculativeDecoder(target, head.as_drafter(target), tokenizer, policy=policy)
+        drafter = head.as_drafter(target)
+        decoder = SpeculativeDecoder(target, drafter, tokenizer, policy=policy)
         prompts, workloads = self._decode_prompts(heldout, tokenizer)
         records = collect_from_decoding(
             decoder,
@@ -175,8 +194,16 @@ class CalibrateCommand(CalibrateConfig):
             temperature=temperature,
             decode_temperature=self.temperature,
             seed=self.seed,
+            acceptance=None if acceptance is None else LearnedAcceptance(acceptance, drafter),
         )
         return records.add_column("workload", [workloads[s] for s in records["source"]])
+
+    def _heads(self, target) -> tuple[DraftHead, AcceptanceHead | None]:
+        """The artifact's head and its learned acceptance head (None: it has none), whose
+        P(accept) the records then carry as a signal."""
+        head = load_head(self.artifact, target)
+        acceptance = load_acceptance_head(self.artifact, head.state_size)
+        return head, None if acceptance is None else acceptance.to(target.device)
 
     def _evaluate(self, records: Dataset, calibrator: Calibrator | None, collect: str) -> dict:
         """Score the raw and the existing calibrated confidence on the records; print a table."""

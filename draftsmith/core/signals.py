@@ -23,7 +23,19 @@ SIGNAL_NAMES: tuple[str, ...] = (
 )
 """Every signal `confidence_signals` returns, in a fixed order."""
 
-PROBABILITY_SIGNALS: frozenset[str] = frozenset({"top1_prob", "margin", "path_prob", "composite"})
+ACCEPTANCE_HEAD_SIGNAL = "acceptance_head"
+"""A drafter's learned acceptance head's P(accept) (`draftsmith.heads.acceptance`), which a
+calibrator may read like any other signal."""
+
+LEARNED_SIGNALS: tuple[str, ...] = (ACCEPTANCE_HEAD_SIGNAL,)
+"""Signals that are not computed from the logits."""
+
+KNOWN_SIGNALS: tuple[str, ...] = SIGNAL_NAMES + LEARNED_SIGNALS
+"""Every signal a calibrator may read."""
+
+PROBABILITY_SIGNALS: frozenset[str] = frozenset(
+    {"top1_prob", "margin", "path_prob", "composite", ACCEPTANCE_HEAD_SIGNAL}
+)
 """The signals that lie in [0, 1], so they can be read as a confidence without a calibrator."""
 
 
@@ -111,12 +123,15 @@ def signal_matrix(
     """Stack the named signals, each (N,), into a float64 feature matrix (N, len(names))."""
     if not names:
         raise ValueError("name at least one signal to stack")
-    unknown = [n for n in names if n not in SIGNAL_NAMES]
+    unknown = [n for n in names if n not in KNOWN_SIGNALS]
     if unknown:
-        raise ValueError(f"unknown signals {unknown}; known signals: {list(SIGNAL_NAMES)}")
+        raise ValueError(f"unknown signals {unknown}; known signals: {list(KNOWN_SIGNALS)}")
     missing = [n for n in names if n not in signals]
     if missing:
-        raise ValueError(f"signals {missing} are missing; got {sorted(signals)}")
+        hint = ""
+        if any(n in LEARNED_SIGNALS for n in missing):
+            hint = " (a learned head's output: load the acceptance model with its drafter)"
+        raise ValueError(f"signals {missing} are missing{hint}; got {sorted(signals)}")
     columns = []
     for name in names:
         value = signals[name]
