@@ -69,14 +69,15 @@ def test_prior_dominates_with_few_observations():
     signals = {"top1_prob": torch.tensor([0.2, 0.6, 0.9])}
     rejected = ({"top1_prob": torch.tensor([0.9, 0.9, 0.9])}, torch.zeros(3))
     moves = {}
-    for strength in (0.5, 10.0, 1e4):
+    default = OnlineAcceptance().prior_strength
+    for strength in (0.5, default, 1e4):
         model = OnlineAcceptance(prior_strength=strength)
         torch.testing.assert_close(model.predict_signals(signals), signals["top1_prob"])
         model.observe(*rejected)
         moves[strength] = float(signals["top1_prob"][2] - model.predict_signals(signals)[2])
     # Three confident misses: the default prior gives ground but keeps most of its confidence,
-    # a weak prior gives far more, a very strong one none.
-    assert 0.0 < moves[10.0] < 0.25 < moves[0.5]
+    # a weaker one gives more, a very strong one none.
+    assert 0.0 < moves[default] < 0.25 < moves[0.5]
     assert moves[1e4] < 1e-3
 
 
@@ -91,12 +92,13 @@ def test_reset_returns_to_the_prior():
 
 def test_follows_a_workload_change():
     model = OnlineAcceptance()
-    grid = np.linspace(0.1, 0.95, 18)
     for shift, seed in ((-1.5, 2), (1.5, 3)):
         top1, outcomes = _stream(shift, 1500, seed=seed)
-        _run(model, top1, outcomes)
-        fitted = model.predict_signals({"top1_prob": torch.tensor(grid)}).numpy()
-        assert np.abs(fitted - _sigmoid(_logit(grid) + shift)).max() < 0.1
+        predicted = _run(model, top1, outcomes)
+        truth = _sigmoid(_logit(top1) + shift)
+        # Once a few hundred of the new workload's outcomes are in, predictions track the truth.
+        assert np.abs(predicted[300:] - truth[300:]).mean() < 0.05
+        assert np.abs(top1[300:] - truth[300:]).mean() > 0.2
 
 
 class _ShiftedModel:
