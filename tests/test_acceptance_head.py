@@ -258,11 +258,12 @@ def test_every_policy_decodes_losslessly_on_the_learned_head(name, tree, heads, 
         assert result.tokens == greedy_reference(target, torch.tensor(prompt), 12)
     if name != "fixed":  # the one policy that reads no acceptance
         assert asked and all(bool(((p > 0) & (p < 1)).all()) for p in asked)
-    # the states found for each emitted row are the ones the drafter computed it from
-    logits, states = emitted[-1]
-    signals = confidence_signals(logits)
-    torch.testing.assert_close(model.states_of(signals), states.float())
-    torch.testing.assert_close(model.head_probability(signals), acceptance.predict(states, signals))
+    # the states found for every emitted row are the ones the drafter computed it from
+    for logits, states in emitted:
+        signals = confidence_signals(logits)
+        torch.testing.assert_close(model.states_of(signals), states.float())
+        expected = acceptance.predict(states, signals)
+        torch.testing.assert_close(model.head_probability(signals), expected)
 
 
 def test_rows_the_drafter_never_emitted_are_refused(heads, target):
