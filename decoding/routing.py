@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.heads.base import Draft, Drafter, DraftRequest
+from draftsmith.heads.base import Draft, Drafter, DraftRequest, StatesHook
 from draftsmith.heads.ngram import NgramDrafter
 
 PLAIN = "plain"
@@ -164,6 +164,8 @@ class RoutingDrafter(Drafter):
         self.target_feature_layers = tuple(
             dict.fromkeys(i for d in self.drafters.values() for i in d.target_feature_layers)
         )
+        widths = {d.state_size for d in self.drafters.values() if d.state_size is not None}
+        self.state_size = widths.pop() if len(widths) == 1 else None
         # Where each candidate's layers sit in the union.
         self._layer_index = {
             name: [self.target_feature_layers.index(i) for i in d.target_feature_layers]
@@ -211,6 +213,21 @@ class RoutingDrafter(Drafter):
         seconds = 0.0 if self._drafted_by is None else self.clock() - self._round_started
         self._observe(tokens.numel(), seconds)
         self._drafted_by = None
+
+    def expose_states(self, hook: StatesHook | None) -> None:
+        """Forwarded to every candidate with hidden states (the others emit none to read); a
+        ValueError when none has any, or their widths differ."""
+        watched = [d for d in self.drafters.values() if d.state_size is not None]
+        if watched and self.state_size is None:
+            raise ValueError(
+                "the routed drafters' hidden states differ in width, so one learned acceptance "
+                "head cannot read them all: route drafters of one width, or use a calibrator on "
+                "the confidence signals"
+            )
+        if not watched:
+            super().expose_states(hook)
+        for drafter in watched:
+            drafter.expose_states(hook)
 
     # -- routing ---------------------------------------------------------------------------------
 

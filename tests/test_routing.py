@@ -264,3 +264,17 @@ def test_a_drafter_of_another_vocabulary_is_named(llama):
 def test_bad_router_options(drafters, options, complaint):
     with pytest.raises(ValueError, match=complaint):
         RoutingDrafter(drafters, **options)
+
+
+def test_hidden_states_are_exposed_by_the_candidates_that_have_them(llama):
+    drafters = real_drafters(llama)
+    router = route(drafters, probe_rounds=1, reprobe_every=1)
+    assert router.state_size == drafters["eagle3"].state_size
+    seen = []
+    router.expose_states(lambda logits, states: seen.append((logits.shape[0], states.shape)))
+    SpeculativeDecoder(llama, router, policy=FixedPolicy(max_draft_tokens=3)).generate(
+        PROMPT, max_new_tokens=30
+    )
+    assert seen and all(shape == (rows, router.state_size) for rows, shape in seen)
+    with pytest.raises(ValueError, match="no hidden states behind its drafts"):
+        route({"ngram": NgramDrafter()}).expose_states(print)
