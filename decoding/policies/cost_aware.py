@@ -103,6 +103,9 @@ class CostAwarePolicy(DraftPolicy):
     _round_acceptance: list[float] = field(default_factory=list, init=False, repr=False)
     _drafted: int = field(default=0, init=False, repr=False)
     """Nodes drafted this round, before the trim."""
+    _drafted_before: bool = field(default=False, init=False, repr=False)
+    """The previous round of this request drafted: the drafter had caught up, so this round's
+    drafting time measures drafting alone (not the prompt or a plain stretch)."""
     _spec_rounds: int = field(default=0, init=False, repr=False)
     _plain_left: int = field(default=0, init=False, repr=False)
     _backoff: int = field(default=0, init=False, repr=False)
@@ -126,6 +129,7 @@ class CostAwarePolicy(DraftPolicy):
             self.cost = _measure_cost(target, self.largest.max_tokens + 1)
         self._reset_speculation()
         self._budget = None
+        self._drafted_before = False
         self._plain_left = 0
         self._backoff = self.first_backoff
 
@@ -213,9 +217,11 @@ class CostAwarePolicy(DraftPolicy):
         if self._plain_left > 0:
             self._plain_left -= 1
             self._plain_round_s.add(outcome.round_s)
+            self._drafted_before = False
             return
-        if self._drafted:
+        if self._drafted and self._drafted_before:
             self._draft_cost.add(self._drafted, outcome.draft_s)
+        self._drafted_before = self._drafted > 0
         self._spec_tokens.add(outcome.committed)
         self._spec_round_s.add(outcome.round_s)
         self._spec_rounds += 1
