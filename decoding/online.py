@@ -140,34 +140,32 @@ class OnlineAcceptance:
         """The posterior precision of (a, b) as (aa, ab, bb)."""
         self.n_observed = 0
 
-    def offline_logit(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """z (k,) float64 on the CPU: the logit of the offline model's P(accept) of each token."""
+    def offline_probs(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The offline model's P(accept) (k,) of each token (raw top1_prob without one)."""
         if self.offline is None:
-            probs = signals["top1_prob"]
-        else:
-            probs = self.offline.predict_signals(signals)
-        return torch.logit(torch.as_tensor(probs).detach().cpu().double(), eps=_CLIP)
+            return signals["top1_prob"]
+        return torch.as_tensor(self.offline.predict_signals(signals))
 
     def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """P(the target accepts each token) (k,) float32 from its confidence signals (each (k,)),
         on the signals' device."""
         a, b = self.mean
-        probs = torch.sigmoid(a + b * self.offline_logit(signals))
-        return probs.to(dtype=torch.float32, device=signals["top1_prob"].device)
+        z = torch.logit(self.offline_probs(signals).float(), eps=_CLIP)
+        return torch.sigmoid(a + b * z).to(signals["top1_prob"].device)
 
     def observe(self, signals: Mapping[str, torch.Tensor], accepted: torch.Tensor) -> None:
         """Update from m verified tokens: their signals (each (m,)) and outcomes accepted (m,)
         in [0, 1] (1 = accepted; fractional outcomes, e.g. min(1, p/q), are allowed)."""
-        y = torch.as_tensor(accepted).detach().cpu().double().reshape(-1).tolist()
+        y = [float(v) for v in torch.as_tensor(accepted).reshape(-1).tolist()]
         if not y:
             return
         if not all(0.0 <= v <= 1.0 for v in y):
             raise ValueError(f"accepted must lie in [0, 1], got {y}")
-        z = self.offline_logit(signals).tolist()
+        # Plain floats, not tensors: for a few observations and two parameters, the per-call
+        # overheads of torch or numpy would cost more than the arithmetic.
+        z = [_logit(p) for p in self.offline_probs(signals).reshape(-1).tolist()]
         if len(z) != len(y):
             raise ValueError(f"{len(z)} tokens' signals but {len(y)} outcomes")
-        # Plain floats, not arrays: for a few observations and two parameters, per-call
-        # overheads of numpy or torch would cost more than the arithmetic.
         keep = self.forgetting ** len(y)
         floor = min(_FLOOR, self.prior_strength)
         prior = (floor, 0.0, floor)
@@ -216,6 +214,11 @@ def _times(m: _Sym2, v: Sequence[float]) -> tuple[float, float]:
 def _solve(m: _Sym2, v: Sequence[float]) -> tuple[float, float]:
     det = m[0] * m[2] - m[1] * m[1]
     return ((m[2] * v[0] - m[1] * v[1]) / det, (m[0] * v[1] - m[1] * v[0]) / det)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, _CLIP), 1.0 - _CLIP)
+    return math.log(p / (1.0 - p))
 
 
 def _sigmoid(x: float) -> float:
