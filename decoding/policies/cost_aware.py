@@ -70,7 +70,8 @@ class CostAwarePolicy(DraftPolicy):
         value(n) = (1 + P_1 + ... + P_n) / (draft_fixed_s + n * draft_step_s + verify_cost(n + 1))
 
     is the round's expected committed tokens per second (verify_cost from `cost`, the target's
-    measured curve; the drafting cost fitted on the rounds so far). Drafting goes on while some
+    measured curve, scaled to the plain rounds timed now; the drafting cost fitted on the rounds
+    so far). Drafting goes on while some
     longer draft, each further token accepted with probability a_n, is expected to beat value(n);
     the draft is then cut to the prefix of best value, drafting cost spent (possibly to nothing:
     the round is a plain step). A tree (`tree` set) is cut to the size of best value under the
@@ -162,12 +163,12 @@ class CostAwarePolicy(DraftPolicy):
             path *= acceptance
             expected += path
             n = position + 1
-            now = expected / (fixed_s + n * step_s + self.cost.verify_cost(n + 1))
+            now = expected / (fixed_s + n * step_s + self.verify_s(n + 1))
             longer_path, longer_expected = path, expected
             for m in range(n + 1, self.max_draft_tokens + 1):
                 longer_path *= acceptance
                 longer_expected += longer_path
-                cost = fixed_s + m * step_s + self.cost.verify_cost(m + 1)
+                cost = fixed_s + m * step_s + self.verify_s(m + 1)
                 if longer_expected / cost > now:
                     return False
             return True
@@ -187,12 +188,12 @@ class CostAwarePolicy(DraftPolicy):
     def _best_prefix(self, drafted: int) -> int:
         """The chain prefix of best value, the cost of drafting `drafted` tokens spent."""
         spent = self._draft_cost.fixed + drafted * self._draft_cost.per_token
-        best, best_value = 0, 1.0 / (spent + self.cost.verify_cost(1))
+        best, best_value = 0, 1.0 / (spent + self.verify_s(1))
         path, expected = 1.0, 1.0
         for n, acceptance in enumerate(self._round_acceptance, start=1):
             path *= acceptance
             expected += path
-            value = expected / (spent + self.cost.verify_cost(n + 1))
+            value = expected / (spent + self.verify_s(n + 1))
             if value > best_value:
                 best, best_value = n, value
         return best
@@ -201,7 +202,11 @@ class CostAwarePolicy(DraftPolicy):
         if draft.values is None:
             return draft
         expected = draft.values.sort(descending=True).values.cumsum(0).tolist()
-        curve = dataclasses.replace(self.cost, draft_step_s=self._spec_draft_s())
+        curve = dataclasses.replace(
+            self.cost,
+            verify_s=[self.verify_s(n) for n in self.cost.tokens],
+            draft_step_s=self._spec_draft_s(),
+        )
         size = best_budget(curve, expected)
         self._budget = min(2 * max(size, 1), self.largest.max_tokens)
         return draft.pruned(size)
@@ -235,6 +240,15 @@ class CostAwarePolicy(DraftPolicy):
         self._backoff = min(2 * self._backoff, self.max_backoff)
         self._reset_speculation()
 
+    def verify_s(self, n: int) -> float:
+        """Seconds of a round verifying n tokens: the profiled curve's shape, scaled to the plain
+        rounds measured now once there are some (the machine may be busier, or run other
+        threads, than when it was profiled)."""
+        scale = 1.0
+        if self._plain_round_s.value is not None:
+            scale = self._plain_round_s.value / self.cost.verify_cost(1)
+        return self.cost.verify_cost(n) * scale
+
     def speculation_rate(self) -> float:
         """Committed tokens per second of the recent speculative rounds (0 before any)."""
         if self._spec_round_s.value is None:
@@ -245,7 +259,7 @@ class CostAwarePolicy(DraftPolicy):
         """Tokens per second of plain decoding: measured on plain rounds, else the curve's."""
         if self._plain_round_s.value is not None:
             return 1.0 / self._plain_round_s.value
-        return 1.0 / self.cost.verify_cost(1) if self.cost is not None else 0.0
+        return 1.0 / self.verify_s(1) if self.cost is not None else 0.0
 
     @property
     def speculating(self) -> bool:

@@ -33,7 +33,8 @@ class BenchCommand:
     target: str
     """Zoo name, local folder or hub id of the target model."""
     drafter: str
-    """The drafter: draft-model:NAME_OR_PATH, ngram[:MAX_N] or artifact:PATH."""
+    """The drafter: draft-model:NAME_OR_PATH, ngram[:MAX_N], artifact:PATH, or route:SPEC+SPEC
+    (a router picking one of several per request, e.g. route:artifact:PATH+ngram)."""
     prompts: Path = field(default_factory=bundled_prompts)
     """jsonl of {"prompt": str, "workload": str (optional)} records."""
     max_new_tokens: int = 128

@@ -92,7 +92,9 @@ def build_drafter(
         return BuiltDrafter(DraftModelDrafter(model), {"assistant_model": model})
     if kind == "artifact":
         # No Hugging Face counterpart: the benchmark skips assisted generation.
-        return BuiltDrafter(load_drafter(arg, target), acceptance=load_acceptance_model(arg))
+        drafter = load_drafter(arg, target)
+        # Given the drafter, a calibrated learned acceptance head comes as its acceptance model.
+        return BuiltDrafter(drafter, acceptance=load_acceptance_model(arg, drafter))
     drafter = NgramDrafter(max_ngram=int(arg)) if arg else NgramDrafter()
     assist = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": drafter.max_ngram}
     return BuiltDrafter(drafter, assist)
