@@ -80,15 +80,16 @@ class CostAwarePolicy(DraftPolicy):
     Falling back: the realised rate of the speculative rounds (committed tokens over round
     seconds, a moving average) is compared with plain decoding's (measured on plain rounds; the
     curve's one-token cost until one is seen). Once speculation is slower after `min_rounds`
-    rounds, the policy decodes plainly for `first_backoff` rounds, then probes with one round of
-    speculation; each probe that loses doubles the plain stretch (up to `max_backoff`), one that
-    wins resumes speculation.
+    rounds, the policy decodes plainly for `first_backoff` rounds, then probes with `min_rounds`
+    rounds of speculation; each probe that loses doubles the plain stretch (up to `max_backoff`,
+    carried over to the next request, which opens with a probe), one that wins resumes
+    speculation.
     """
 
     name = "cost-aware"
     cost: CostCurve | None = None
     """The target's verification cost (`draftsmith profile`); None: measured at first use."""
-    min_rounds: int = 3
+    min_rounds: int = 2
     """Speculative rounds seen before speculation is judged slower than plain decoding."""
     first_backoff: int = 4
     """Plain rounds after speculation first loses."""
@@ -120,9 +121,11 @@ class CostAwarePolicy(DraftPolicy):
             )
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
-        # Machine costs carry over between requests; what the traffic accepts does not.
+        # Machine costs, and how long speculation has been losing, carry over between requests;
+        # each request still opens with a probe.
         self._draft_cost = _DraftCost(self.smoothing)
         self._plain_round_s = _MovingAverage(self.smoothing)
+        self._backoff = self.first_backoff
         self.start()
 
     def start(self, target: PreTrainedModel | None = None) -> None:
@@ -132,7 +135,6 @@ class CostAwarePolicy(DraftPolicy):
         self._budget = None
         self._drafted_before = False
         self._plain_left = 0
-        self._backoff = self.first_backoff
 
     def _reset_speculation(self) -> None:
         self._spec_tokens = _MovingAverage(self.smoothing)
