@@ -35,12 +35,31 @@ class AcceptanceHeadConfig:
             raise ValueError(f"acceptance_head.width must be >= 0, got {self.width}")
 
 
-class AcceptanceHead(nn.Module):
-    """logit P(accept) = MLP([rms-normalised hidden state ; confidence signals]).
+PROBABILITY_INPUTS = ("top1_prob", "margin", "path_prob", "composite")
+"""Signals the head also reads as logits: acceptance is close to linear in logit(top-1), far
+from linear in top-1 itself (a logistic layer on the raw signals ranks drafts worse than top-1
+does)."""
 
-    The state is normalised without weights because drafter states carry a few massive
-    channels (EAGLE-3's residual stream starts at the fused target features), and the signals
-    enter raw: they are O(1) numbers (probabilities, nats, a draft position).
+
+def signal_features(signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The head's view of the signals (each (...,)): (..., S + P), each signal as it is (O(1)
+    numbers: probabilities, nats, a draft position), then the logits of PROBABILITY_INPUTS."""
+    missing = [name for name in SIGNAL_NAMES if name not in signals]
+    if missing:
+        raise ValueError(f"the acceptance head reads signals {missing}, which are missing")
+    raw = torch.stack([signals[name].float() for name in SIGNAL_NAMES], dim=-1)
+    probs = torch.stack([signals[name].float() for name in PROBABILITY_INPUTS], dim=-1)
+    return torch.cat([raw, torch.logit(probs, eps=1e-6)], dim=-1)
+
+
+class AcceptanceHead(nn.Module):
+    """logit P(accept) = linear(signal features) + MLP([rms-normalised state ; signal features]).
+
+    The linear part is a logistic regression on the signals (Platt scaling's form); the MLP's
+    output layer starts at zero, so a fresh head is that regression and the hidden state adds
+    what it knows beyond the signals. The state is normalised without weights because drafter
+    states carry a few massive channels (EAGLE-3's residual stream starts at the fused target
+    features).
     """
 
     signals: tuple[str, ...] = SIGNAL_NAMES
@@ -51,31 +70,32 @@ class AcceptanceHead(nn.Module):
         if state_size < 1:
             raise ValueError(f"an acceptance head needs a state size >= 1, got {state_size}")
         self.state_size, self.config = state_size, config
-        inputs = state_size + len(self.signals)
+        features = len(SIGNAL_NAMES) + len(PROBABILITY_INPUTS)
+        inputs = state_size + features
         with seeded(config.seed):
+            self.linear = nn.Linear(features, 1)
             if config.width:
-                self.mlp = nn.Sequential(
-                    nn.Linear(inputs, config.width), nn.SiLU(), nn.Linear(config.width, 1)
-                )
-            else:
-                self.mlp = nn.Linear(inputs, 1)
+                layers = [nn.Linear(inputs, config.width), nn.SiLU(), nn.Linear(config.width, 1)]
+            else:  # a logistic layer on every input
+                layers = [nn.Linear(inputs, 1)]
+            self.mlp = nn.Sequential(*layers)
+        nn.init.zeros_(self.mlp[-1].weight)
+        nn.init.zeros_(self.mlp[-1].bias)
 
     def forward(self, states: torch.Tensor, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """states (..., H) and signals, each (...,) -> logits (...,) of acceptance."""
-        missing = [name for name in self.signals if name not in signals]
-        if missing:
-            raise ValueError(f"the acceptance head reads signals {missing}, which are missing")
         if states.shape[-1] != self.state_size:
             raise ValueError(
                 f"the acceptance head reads states of width {self.state_size}, got "
                 f"{tuple(states.shape)}: was it trained for another drafter?"
             )
-        weight = next(self.parameters())
-        states = states.to(weight).float()
+        weight = self.linear.weight
+        states = states.to(weight.device).float()
         states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + 1e-6)
-        columns = [signals[name].to(states) for name in self.signals]
-        inputs = torch.cat([states, torch.stack(columns, dim=-1)], dim=-1)
-        return self.mlp(inputs.to(weight.dtype)).squeeze(-1).float()
+        features = signal_features(signals).to(states.device)
+        inputs = torch.cat([states, features], dim=-1).to(weight.dtype)
+        logits = self.linear(features.to(weight.dtype)) + self.mlp(inputs)
+        return logits.squeeze(-1).float()
 
     def predict(self, states: torch.Tensor, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """P(accept) (...,) in (0, 1) float32, inputs as `forward`."""
