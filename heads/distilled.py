@@ -2,8 +2,12 @@
 
 It starts either as a pretrained sibling sharing the tokenizer (`init="sibling"`) or as a copy of
 the target's architecture with a subset of its layers, initialised from the target's weights
-(`init="from_target"`), optionally trained through LoRA adapters only. It reads no target
-features; at inference it is an ordinary `DraftModelDrafter`.
+(`init="from_target"`), optionally trained through LoRA adapters only (peft). It reads no target
+features; at inference it is an ordinary `DraftModelDrafter` (adapters merged).
+
+A LoRA draft's artifact keeps either only its adapters (`lora_export="adapter"`: the base is
+rebuilt on load, from the target's layers or from the sibling `model`, whose fingerprint must be
+the one the adapters were trained on) or the merged weights (`"merged"`: a full model, no base).
 """
 
 from __future__ import annotations
@@ -16,8 +20,16 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
+from draftsmith.core.fingerprint import model_fingerprint
+from draftsmith.core.models import check_same_vocabulary, load_model
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import seeded, text_config
@@ -52,10 +64,21 @@ class DistilledConfig(HeadConfig):
     """Train LoRA adapters of this rank instead of the weights; 0: train the weights."""
     lora_alpha: float | None = None
     """LoRA scaling alpha; None: 2 * lora_rank."""
+    lora_target_modules: list[str] | None = None
+    """Linear modules that get adapters, by name or dotted suffix (q_proj, mlp.down_proj, ...);
+    None: every linear layer but the LM head."""
+    lora_export: Literal["adapter", "merged"] = "adapter"
+    """How the artifact keeps a LoRA draft: adapter (only the adapters; the base is rebuilt from
+    the target's layers or reloaded from `model`, checked by its fingerprint) or merged (the
+    adapters merged into the weights: a full model that needs no base)."""
+    base_fingerprint: str | None = None
+    """The sibling base model's fingerprint, filled in when it is loaded: adapters saved without
+    their base load only onto a base with this fingerprint."""
     draft_config: dict[str, Any] | None = None
     """The draft model's full transformers config: rebuilds the architecture without fetching
-    `model` (how an artifact reloads). from_target weights are still copied when the head is
-    bound; a sibling's are left fresh for the saved ones to replace."""
+    `model` (how an artifact reloads, unless it keeps only adapters). from_target weights are
+    still copied when the head is bound; a sibling's are left fresh for the saved ones to
+    replace."""
 
     def __post_init__(self) -> None:
         layers = self.layers
@@ -65,6 +88,18 @@ class DistilledConfig(HeadConfig):
             raise ValueError('init="sibling" needs model=NAME_OR_PATH of a pretrained draft model')
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must not be negative, got {self.lora_rank}")
+        if self.lora_target_modules is not None and not (
+            self.lora_rank and self.lora_target_modules
+        ):
+            raise ValueError(
+                "lora_target_modules lists the modules LoRA adapts: give lora_rank > 0 and at "
+                f"least one module name, got {self.lora_target_modules} at rank {self.lora_rank}"
+            )
+
+    @property
+    def adapter_only(self) -> bool:
+        """The artifact keeps only the LoRA adapters; the base comes back from elsewhere."""
+        return bool(self.lora_rank) and self.lora_export == "adapter"
 
 
 @register_drafter("distilled")
@@ -87,25 +122,33 @@ class DistilledHead(DraftHead):
                     f"layers must index the target's {target.num_hidden_layers} layers, "
                     f"got {layers}"
                 )
+        self._draft_tokenizer: PreTrainedTokenizerBase | None = None
+        base_fingerprint = None
         with seeded(config.seed):
-            if config.draft_config is not None:
+            if config.init == "sibling" and (config.draft_config is None or config.adapter_only):
+                draft, self._draft_tokenizer = load_model(config.model)
+                draft = draft.float()
+                base_fingerprint = _check_base(draft, config)
+            elif config.draft_config is not None:
                 draft = AutoModelForCausalLM.from_config(
                     AutoConfig.for_model(**config.draft_config)
                 )
-            elif config.init == "sibling":
-                from draftsmith.core.models import load_model
-
-                draft = load_model(config.model)[0].float()
             else:
                 draft = AutoModelForCausalLM.from_config(layer_subset_config(target_config, layers))
-            _check_vocabulary(draft, target)
+            _check_vocabulary(draft, target, config)
             if config.lora_rank:
                 alpha = config.lora_alpha or 2 * config.lora_rank
-                draft = _with_lora(draft, config.lora_rank, alpha)
+                draft = _with_lora(draft, config.lora_rank, alpha, config.lora_target_modules)
         self.model = draft
+        self._target_config = target_config
         # Resolved: the layers kept and the architecture built, so an artifact rebuilds it alone.
         built = draft.get_base_model() if config.lora_rank else draft
-        self.config = replace(config, layers=layers, draft_config=built.config.to_dict())
+        self.config = replace(
+            config,
+            layers=layers,
+            draft_config=built.config.to_dict(),
+            base_fingerprint=base_fingerprint or config.base_fingerprint,
+        )
         self._copy_target = config.init == "from_target"  # copied at the first bind_target
 
     def causal_lm(self) -> PreTrainedModel:
@@ -140,22 +183,106 @@ class DistilledHead(DraftHead):
         return [self.model(input_ids=batch.input_ids).logits]
 
     def as_drafter(self, target: PreTrainedModel) -> DraftModelDrafter:
+        """Drafts with the causal LM; a LoRA draft with a merged copy (no adapter overhead per
+        step), so the head itself still trains."""
         self.bind_target(target)
-        return DraftModelDrafter(self.causal_lm())
+        return DraftModelDrafter(_merged(self.model) if self.config.lora_rank else self.model)
+
+    def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """A sibling's tokenizer must map every token to the target's id."""
+        if self._draft_tokenizer is None:
+            return
+        try:
+            check_same_vocabulary(tokenizer, self._draft_tokenizer, self.config.model)
+        except ValueError as error:
+            raise ValueError(
+                f"{error}. Give head_args.model a draft model of the target's family (one "
+                "tokenizer), or init: from_target"
+            ) from None
+
+    def is_rebuilt(self, name: str) -> bool:
+        return self.config.adapter_only and "lora_" not in name
+
+    def for_artifact(self) -> DistilledHead:
+        """With lora_export merged: a head without adapters holding the merged weights."""
+        config = self.config
+        if not config.lora_rank or config.adapter_only:
+            return self
+        merged = _merged(self.model)
+        plain = replace(
+            config,
+            lora_rank=0,
+            lora_alpha=None,
+            lora_target_modules=None,
+            base_fingerprint=None,
+            draft_config=merged.config.to_dict(),
+        )
+        head = DistilledHead(self._target_config, plain)
+        head.model.load_state_dict(merged.state_dict())
+        head._copy_target = False  # the merged weights replace the target's copy
+        return head
 
 
-def _check_vocabulary(draft: PreTrainedModel, target: PretrainedConfig) -> None:
+def _check_base(draft: PreTrainedModel, config: DistilledConfig) -> str:
+    """The sibling's fingerprint, which must be the recorded one when only adapters are loaded
+    onto it."""
+    found = model_fingerprint(draft)
+    expected = config.base_fingerprint
+    if config.adapter_only and expected is not None and found != expected:
+        raise ValueError(
+            f"the LoRA adapters were trained on a base draft model with fingerprint "
+            f"{expected[:12]}, but {config.model!r} now loads as another model (fingerprint "
+            f"{found[:12]}): put that base back at {config.model!r} (head.model in the "
+            "artifact's config.json), or retrain with lora_export: merged, which needs no base"
+        )
+    return found
+
+
+def _check_vocabulary(
+    draft: PreTrainedModel, target: PretrainedConfig, config: DistilledConfig
+) -> None:
     vocab = text_config(draft.config).vocab_size
     if vocab != target.vocab_size:
         raise ValueError(
-            f"the draft model's vocabulary has {vocab} tokens but the target's has "
-            f"{target.vocab_size}: a distilled draft model must share the target's vocabulary"
+            f"the draft model {config.model or draft.config.model_type!r} has a vocabulary of "
+            f"{vocab} tokens but the target's has {target.vocab_size}: a distilled draft model "
+            "must share the target's vocabulary. Give head_args.model a draft model of the "
+            "target's family (one tokenizer), or init: from_target"
         )
 
 
-def _with_lora(model: PreTrainedModel, rank: int, alpha: float) -> nn.Module:
-    """model with LoRA adapters on every linear layer but the LM head; only they train."""
+def _with_lora(
+    model: PreTrainedModel, rank: int, alpha: float, modules: list[str] | None
+) -> nn.Module:
+    """model with LoRA adapters on `modules` (None: every linear layer but the LM head); only
+    they train."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear")
+    if modules is not None:
+        _check_lora_modules(model, modules)
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=modules or "all-linear"
+    )
     return get_peft_model(model, config)
+
+
+def _check_lora_modules(model: PreTrainedModel, modules: list[str]) -> None:
+    """Each name must end the dotted name of a linear layer of the model (as peft matches)."""
+    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    unknown = [
+        wanted
+        for wanted in modules
+        if not any(name == wanted or name.endswith(f".{wanted}") for name in linear)
+    ]
+    if unknown:
+        known = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise ValueError(
+            f"lora_target_modules {unknown} name no linear layer of the draft model "
+            f"({type(model).__name__}); its linear layers are {', '.join(known)}: give some of "
+            "those, or leave lora_target_modules unset for all of them but the LM head"
+        )
+
+
+def _merged(model: nn.Module) -> PreTrainedModel:
+    """A copy of a peft model with its adapters merged into the base weights."""
+    return copy.deepcopy(model).merge_and_unload()

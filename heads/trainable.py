@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.core.config import ConfigError, config_from_dict
 from draftsmith.core.target import TargetBatch
@@ -119,6 +119,22 @@ class DraftHead(nn.Module, ABC):
         """(V_draft,) int64 map from draft-vocabulary ids to target ids, or None when the head
         predicts over the full target vocabulary."""
         return None
+
+    def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Raise a ValueError naming the fix when the head does not draft in the ids of
+        `tokenizer` (the target's). Default: nothing to check (a head built from the target's
+        config predicts over its vocabulary)."""
+
+    def is_rebuilt(self, name: str) -> bool:
+        """Whether state-dict entry `name` comes back when the head is built and bound (from
+        the target, or from a base model the config names and fingerprints), so the artifact
+        leaves it out. Default: no entry does."""
+        return False
+
+    def for_artifact(self) -> DraftHead:
+        """The head as its artifact keeps it (a LoRA draft model may merge its adapters);
+        default: the head itself."""
+        return self
 
 
 def head_class(kind: str) -> type[DraftHead]:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import (
@@ -50,6 +49,7 @@ from draftsmith.train.checkpoint import (
     save_checkpoint,
 )
 from draftsmith.train.config import TrainConfig
+from draftsmith.train.distributed import build_accelerator
 from draftsmith.train.features import (
     CachedFeatures,
     FeatureCache,
@@ -106,12 +106,8 @@ class Trainer:
     ) -> None:
         """target, tokenizer: an already loaded target (else loaded from `config.target`)."""
         self.config = config
-        # cpu=True where there is no accelerator: only then does Accelerate join the processes
-        # `accelerate launch` started into one MULTI_CPU (gloo) group rather than leave each alone.
-        self.accelerator = acc = Accelerator(
-            mixed_precision=_mixed_precision(config.mixed_precision),
-            cpu=not torch.accelerator.is_available(),
-            log_with=log_with(config),
+        self.accelerator = acc = build_accelerator(
+            _mixed_precision(config.mixed_precision), log_with(config)
         )
         set_seed(config.seed)
         self.output_dir = Path(config.output_dir)
@@ -129,6 +125,7 @@ class Trainer:
         self.target = target.eval().requires_grad_(False).to(acc.device)
         train_rows = packed_rows(build_dataset(config.data, tokenizer))
         head = build_head(config.head, self.target, config.head_args).to(acc.device)
+        head.check_tokenizer(tokenizer)
         if config.init_from is not None:
             _load_trained(head, config.init_from, self.target)
         else:
@@ -156,8 +153,8 @@ class Trainer:
         )
 
         objective = HeadObjective(head, config.objective, acceptance, config.train_drafter)
-        self.module = acc.prepare(objective)
-        self.optimizer = acc.prepare(self._optimizer())
+        # Together: FSDP2 shards the module, then points the optimizer at the sharded parameters.
+        self.module, self.optimizer = acc.prepare(objective, self._optimizer(objective))
         # Not prepared: a prepared scheduler steps once per process per optimizer step.
         self.scheduler = get_cosine_schedule_with_warmup(
             self.optimizer, config.warmup_steps, config.max_steps
@@ -211,10 +208,11 @@ class Trainer:
         rows = config.eval_batches * config.batch_size
         return replace(config.data, split="heldout", max_tokens=rows * config.data.seq_len)
 
-    def _optimizer(self) -> torch.optim.Optimizer:
-        """AdamW; weight decay on matrices only (never on biases and norms)."""
+    def _optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
+        """AdamW over `module`'s trainable parameters; weight decay on matrices only (never on
+        biases and norms)."""
         decay, no_decay = [], []
-        for param in self.module.parameters():
+        for param in module.parameters():
             if param.requires_grad:
                 (decay if param.ndim >= 2 else no_decay).append(param)
         if not decay and not no_decay:

@@ -29,11 +29,12 @@ logger = logging.getLogger(__name__)
 
 def own_tensors(head: DraftHead) -> dict[str, torch.Tensor]:
     """The head's own state (parameters and buffers), one name per storage: tied tensors are
-    saved once, under their first name. Bound target modules are not part of it."""
+    saved once, under their first name. Bound target modules are not part of it, nor what the
+    head rebuilds from a named base (`DraftHead.is_rebuilt`)."""
     tensors, seen = {}, set()
     for name, tensor in head.state_dict().items():
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
-        if key in seen:
+        if key in seen or head.is_rebuilt(name):
             continue
         seen.add(key)
         tensors[name] = tensor
@@ -49,7 +50,8 @@ def save_artifact(
     target_name_or_path: str,
     acceptance: AcceptanceHead | None = None,
 ) -> Path:
-    """Write `head` as an artifact directory at out_dir and return its path.
+    """Write `head` (as `head.for_artifact()` gives it) as an artifact directory at out_dir and
+    return its path.
 
     training: {"recipe": ..., "steps": ..., "metrics": ...} (JSON-serialisable); acceptance: a
     learned acceptance head reading `head`'s states, saved beside it
@@ -64,6 +66,7 @@ def save_artifact(
         raise FileExistsError(
             f"{out} exists and is not a draftsmith artifact: choose an empty or new directory"
         )
+    head = head.for_artifact()
     draft_to_target = head.draft_to_target()
     config = {
         "draftsmith_version": __version__,
