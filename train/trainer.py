@@ -138,7 +138,8 @@ class Trainer:
             # The same leading rows on every process, so each fits the same values.
             sample = torch.arange(min(FIT_SAMPLE_ROWS, len(self.train_source)))
             head.fit_to_sample(self.train_source.batch(sample, acc.device))
-        head.requires_grad_(config.train_drafter)
+        if not config.train_drafter:  # else as built: a LoRA draft's base stays frozen
+            head.requires_grad_(False)
         acceptance = None
         if config.acceptance_head is not None:
             acceptance = build_acceptance_head(head, config.acceptance_head).to(acc.device)
