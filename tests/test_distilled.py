@@ -44,6 +44,7 @@ def _quiet():
 def tokenizer(byte_tokenizer):
     tokenizer = copy.deepcopy(byte_tokenizer)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(0)  # documents end with it
+    tokenizer.pad_token = tokenizer.eos_token  # regeneration pads batches
     return tokenizer
 
 
@@ -308,3 +309,79 @@ def test_a_lora_module_that_does_not_exist_is_named_with_the_real_ones(target):
     assert adapted == {"model.base_model.model.model.layers.0.self_attn.q_proj"}
     with pytest.raises(ValueError, match="give lora_rank > 0"):
         build_head("distilled", target, {"lora_target_modules": ["q_proj"]})
+
+
+# -- on-policy data (DistillSpec) -----------------------------------------------------------------
+
+
+def regenerate(saved: Path, corpus: Path, out: Path, *flags: str) -> list[dict]:
+    main(
+        ["regenerate", "--target", str(saved / "target"), "--source", str(corpus)]
+        + ["--out", str(out), "--max-new-tokens", "8", "--prompt-tokens", "16"]
+        + ["--prompts-per-document", "1", "--max-records", "4", "--dtype", "float32", *flags]
+    )
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def continuation(model, tokenizer, prompt: str) -> str:
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False
+    )
+    row = out[0, ids.shape[1] :].tolist()
+    end = row.index(0) if 0 in row else len(row)  # id 0 ends a document
+    return tokenizer.decode(row[:end], skip_special_tokens=True)
+
+
+def test_on_policy_data_is_the_draft_s_text_scored_by_the_target(
+    saved, corpus, target, tokenizer, tmp_path
+):
+    records = regenerate(
+        saved, corpus, tmp_path / "on-policy.jsonl", "--draft", str(saved / "sibling")
+    )
+    assert len(records) == 4
+    sibling = tiny_model("llama", seed=5)
+    for record in records:
+        assert record["completion"] == continuation(sibling, tokenizer, record["prompt"])
+    assert any(r["completion"] != continuation(target, tokenizer, r["prompt"]) for r in records)
+
+    # The trainer reads those records (data pipeline: test_data) and scores them with the
+    # target's distributions.
+    head_args = {"init": "sibling", "model": str(saved / "sibling")}
+    raw = recipe(tmp_path / "on-policy.jsonl", tmp_path / "run", head_args, batch_size=1)
+    raw["data"] = {**raw["data"], "max_tokens": None, "heldout_fraction": 0.0}
+    raw["eval_data"] = {**raw["data"]}
+    config = load_train_config(_write(raw, tmp_path))
+    trainer = Trainer(config, target=target, tokenizer=tokenizer)
+    batch = trainer.train_source.batch(torch.arange(len(trainer.train_source)), "cpu")
+    expected = target(batch.input_ids).logits
+    torch.testing.assert_close(batch.target_logits.float(), expected)
+
+
+def test_on_policy_data_from_a_distilled_artifact(
+    lora_run, saved, corpus, target, tokenizer, tmp_path
+):
+    artifact = Path(lora_run[0]["output_dir"]) / "drafter"
+    records = regenerate(
+        saved, corpus, tmp_path / "round2.jsonl", "--draft", f"artifact:{artifact}"
+    )
+    writer = load_drafter(artifact, target).model  # the adapters merged
+    assert [r["completion"] for r in records] == [
+        continuation(writer, tokenizer, r["prompt"]) for r in records
+    ]
+
+
+def test_on_policy_writers_must_write_in_the_target_s_tokens(
+    saved, corpus, target, tmp_path, capsys
+):
+    head = fit(build_head("eagle3", target, {"num_steps": 1}), target, steps=3)
+    eagle3 = save_artifact(head, target, tmp_path / "eagle3", training={}, target_name_or_path="t")
+    for draft, complaint in [
+        (str(saved / "other-ids"), "uses another tokenizer than the target"),
+        (f"artifact:{eagle3}", "reads the target's features and cannot write text alone"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            regenerate(saved, corpus, tmp_path / "x.jsonl", "--draft", draft)
+        assert exit.value.code == 2
+        assert complaint in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()

@@ -30,7 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "regenerate": (
         "data:RegenerateCommand",
-        "data in the target's own words: --target NAME --source SRC --out FILE.jsonl",
+        "data in the target's own words (the draft's with --draft: on-policy): --target NAME "
+        "--source SRC --out FILE.jsonl",
     ),
     "calibrate": (
         "calibrate:CalibrateCommand",

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from draftsmith.artifact import load_drafter, read_artifact_config
 from draftsmith.commands.flags import as_config
-from draftsmith.core.models import Dtype, load_model
+from draftsmith.core.models import Dtype, check_same_vocabulary, load_model
 from draftsmith.core.zoo import resolve_model
 from draftsmith.data.documents import DataConfig, Split, load_documents, prepare_data
 from draftsmith.data.regenerate import (
@@ -18,6 +19,7 @@ from draftsmith.data.regenerate import (
     continue_texts,
     regenerate,
 )
+from draftsmith.heads import DraftModelDrafter
 
 
 @dataclass(kw_only=True)
@@ -42,7 +44,8 @@ class PrepareDataCommand(DataConfig):
 @dataclass(kw_only=True)
 class RegenerateCommand(RegenerateConfig):
     """Training data in the target's own words: chat answers rewritten by the target, text and
-    code continued by it (jsonl, resumable: a rerun finishes what is missing)."""
+    code continued by it (jsonl, resumable: a rerun finishes what is missing); with --draft,
+    on-policy data written by a draft model instead."""
 
     FLAG_ALIASES: ClassVar[dict[str, tuple[str, ...]]] = {"do_sample": ("--sample",)}
 
@@ -55,13 +58,20 @@ class RegenerateCommand(RegenerateConfig):
     split: Split = "train"
     """Which split of the source to regenerate."""
     dtype: Dtype = "auto"
-    """Precision of the target (auto: its checkpoint's own)."""
+    """Precision of the model that writes (auto: its checkpoint's own)."""
+    draft: str | None = None
+    """On-policy data (DistillSpec): the draft model writes the answers instead of the target,
+    and training scores them with the target's distributions. A zoo name or folder of a causal
+    LM sharing the target's tokenizer, or artifact:DIR of a trained draft model (a distilled
+    one); use it with --sample. None: the target writes."""
 
     def run(self) -> int:
         """Chat sources get their answers rewritten, text sources are continued
         (`continue_texts`). Returns the number of records written."""
+        if self.draft is not None and self.draft.startswith("artifact:"):
+            read_artifact_config(self.draft.removeprefix("artifact:"))  # before loading models
         documents = load_documents(DataConfig(source=self.source, split=self.split, seed=self.seed))
-        model, tokenizer = load_model(self.target, dtype=self.dtype)
+        model, tokenizer = self._writer()
         config = as_config(self, RegenerateConfig)
         chat = [d for d in documents if d["messages"]]
         text = [d for d in documents if not d["messages"]]
@@ -72,3 +82,23 @@ class RegenerateCommand(RegenerateConfig):
             written += continue_texts(text, model, tokenizer, self.out, config)
         print(f"{self.out}: {written:,} new records ({len(completed_ids(self.out)):,} in all)")
         return written
+
+    def _writer(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """The model that writes (the target, or the --draft checked to write in the target's
+        token ids) and the target's tokenizer."""
+        if self.draft is None:
+            return load_model(self.target, dtype=self.dtype)
+        if self.draft.startswith("artifact:"):
+            target, tokenizer = load_model(self.target, dtype=self.dtype)
+            drafter = load_drafter(self.draft.removeprefix("artifact:"), target)
+            if not isinstance(drafter, DraftModelDrafter):
+                raise ValueError(
+                    f"--draft {self.draft}: that artifact's drafter reads the target's features "
+                    "and cannot write text alone: give a draft model (a distilled artifact, a "
+                    "zoo name or a folder)"
+                )
+            return drafter.model, tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.target))
+        model, draft_tokenizer = load_model(self.draft, dtype=self.dtype)
+        check_same_vocabulary(tokenizer, draft_tokenizer, self.draft)
+        return model, tokenizer
