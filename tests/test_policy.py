@@ -192,6 +192,18 @@ def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
         policy.observe(_round(committed=4, round_s=1.5))
 
 
+def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
+    # Every drafted token is cut, so each round verifies one token after 0.1 s of drafting; on a
+    # busy machine the rounds happen to take less wall time than the curve's plain step.
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_rounds=2, first_backoff=2)
+    cut = RoundOutcome(Draft.empty(), [], draft_s=0.1, round_s=0.9)
+    for _ in range(2):
+        policy.observe(cut)
+    # Their verification took 0.8 s: plain decoding (0.8 s a token) beats them (0.9 s).
+    assert policy.plain_rate() == pytest.approx(1 / 0.8)
+    assert not policy.speculating
+
+
 def test_cost_aware_falls_back_when_the_drafter_is_useless(llama):
     useless = DraftModelDrafter(tiny_model("llama", seed=99))
     policy = CostAwarePolicy(max_draft_tokens=4, cost=_curve([1e-3] * 6))

@@ -77,13 +77,16 @@ class CostAwarePolicy(DraftPolicy):
     the round is a plain step). A tree (`tree` set) is cut to the size of best value under the
     same curve (`best_budget`), and the next round drafts up to twice that.
 
-    Falling back: the realised rate of the speculative rounds (committed tokens over round
-    seconds, a moving average) is compared with plain decoding's (measured on plain rounds; the
-    curve's one-token cost until one is seen). Once speculation is slower after `min_rounds`
-    rounds, the policy decodes plainly for `first_backoff` rounds, then probes with `min_rounds`
-    rounds of speculation; each probe that loses doubles the plain stretch (up to `max_backoff`,
-    carried over to the next request, which opens with a probe), one that wins resumes
-    speculation.
+    Falling back: the rate of the speculative rounds (committed tokens over the round's drafting
+    seconds plus the scaled curve's cost of the tokens it verified, moving averages) is compared
+    with plain decoding's (one over the scaled one-token cost). Every round, plain or not, times
+    its verification and so sets the curve's scale. Judging rounds on the scaled curve rather than
+    on their own wall time keeps a busy machine's noise out of the comparison, noise that would
+    otherwise let a drafter whose tokens are all cut go on drafting. Once speculation is slower
+    after `min_rounds` rounds, the policy decodes plainly for `first_backoff` rounds, then probes
+    with `min_rounds` rounds of speculation; each probe that loses doubles the plain stretch (up
+    to `max_backoff`, carried over to the next request, which opens with a probe), one that wins
+    resumes speculation.
     """
 
     name = "cost-aware"
@@ -98,9 +101,11 @@ class CostAwarePolicy(DraftPolicy):
     smoothing: float = 0.3
     """Weight of the newest round in the moving averages of rates and costs."""
     _draft_cost: _DraftCost = field(init=False, repr=False)
-    _plain_round_s: _MovingAverage = field(init=False, repr=False)
+    _scale: _MovingAverage = field(init=False, repr=False)
+    """Seconds of verification now per second of the profiled curve."""
     _spec_tokens: _MovingAverage = field(init=False, repr=False)
     _spec_round_s: _MovingAverage = field(init=False, repr=False)
+    """Modelled seconds of the speculative rounds: drafting plus the scaled verification."""
     _budget: int | None = field(default=None, init=False, repr=False)
     _round_acceptance: list[float] = field(default_factory=list, init=False, repr=False)
     _drafted: int = field(default=0, init=False, repr=False)
@@ -124,7 +129,7 @@ class CostAwarePolicy(DraftPolicy):
         # Machine costs, and how long speculation has been losing, carry over between requests;
         # each request still opens with a probe.
         self._draft_cost = _DraftCost(self.smoothing)
-        self._plain_round_s = _MovingAverage(self.smoothing)
+        self._scale = _MovingAverage(self.smoothing)
         self._backoff = self.first_backoff
         self.start()
 
@@ -221,16 +226,18 @@ class CostAwarePolicy(DraftPolicy):
 
     def observe(self, outcome: RoundOutcome) -> None:
         super().observe(outcome)
+        verified = len(outcome.draft) + 1
+        verify_s = max(outcome.round_s - outcome.draft_s, 1e-9)
+        self._scale.add(verify_s / self._curve(verified))
         if self._plain_left > 0:
             self._plain_left -= 1
-            self._plain_round_s.add(outcome.round_s)
             self._drafted_before = False
             return
         if self._drafted and self._drafted_before:
             self._draft_cost.add(self._drafted, outcome.draft_s)
         self._drafted_before = self._drafted > 0
         self._spec_tokens.add(outcome.committed)
-        self._spec_round_s.add(outcome.round_s)
+        self._spec_round_s.add(outcome.draft_s + self.verify_s(verified))
         self._spec_rounds += 1
         if self._spec_rounds < self.min_rounds:
             return
@@ -243,25 +250,24 @@ class CostAwarePolicy(DraftPolicy):
         self._reset_speculation()
 
     def verify_s(self, n: int) -> float:
-        """Seconds of a round verifying n tokens: the profiled curve's shape, scaled to the plain
-        rounds measured now once there are some (the machine may be busier, or run other
-        threads, than when it was profiled)."""
-        scale = 1.0
-        if self._plain_round_s.value is not None:
-            scale = self._plain_round_s.value / self.cost.verify_cost(1)
-        return self.cost.verify_cost(n) * scale
+        """Seconds of a round verifying n tokens: the profiled curve's shape, scaled to the rounds
+        timed now (the machine may be busier, or run other threads, than when it was
+        profiled)."""
+        return self._curve(n) * (1.0 if self._scale.value is None else self._scale.value)
+
+    def _curve(self, n: int) -> float:
+        """The profiled cost of verifying n tokens; one unit each without a curve."""
+        return 1.0 if self.cost is None else self.cost.verify_cost(n)
 
     def speculation_rate(self) -> float:
-        """Committed tokens per second of the recent speculative rounds (0 before any)."""
+        """Committed tokens per modelled second of the recent speculative rounds (0 before any)."""
         if self._spec_round_s.value is None:
             return 0.0
         return self._spec_tokens.value / self._spec_round_s.value
 
     def plain_rate(self) -> float:
-        """Tokens per second of plain decoding: measured on plain rounds, else the curve's."""
-        if self._plain_round_s.value is not None:
-            return 1.0 / self._plain_round_s.value
-        return 1.0 / self.verify_s(1) if self.cost is not None else 0.0
+        """Tokens per second of plain decoding: one over the scaled one-token cost."""
+        return 1.0 / self.verify_s(1)
 
     @property
     def speculating(self) -> bool:
