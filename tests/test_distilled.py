@@ -385,3 +385,28 @@ def test_on_policy_writers_must_write_in_the_target_s_tokens(
         assert exit.value.code == 2
         assert complaint in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+# -- the Qwen2.5-Coder recipe ---------------------------------------------------------------------
+
+QWEN_RECIPE = Path(__file__).resolve().parents[1] / "recipes/qwen2.5-coder-1.5b/draft-model.yaml"
+
+
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "tv", "jsd"])
+def test_the_qwen_recipe_distils_the_0_5b_toward_the_1_5b(divergence):
+    launch = QWEN_RECIPE.read_text().splitlines()[0]
+    assert launch.startswith("# accelerate launch") and "draft-model.yaml" in launch
+    overrides = [word for word in launch.split() if "=" in word and not word.startswith("-")]
+    config = load_train_config(QWEN_RECIPE, [*overrides, f"objective.divergence={divergence}"])
+    assert config.target == "qwen2.5-coder-1.5b" and config.head == "distilled"
+    head = config.head_args
+    assert (head.init, head.model, head.lora_export) == ("sibling", "qwen2.5-coder-0.5b", "merged")
+    assert head.lora_rank > 0
+    assert config.objective.divergence == divergence
+    # the 1.5B's own words, code and chat, trained on; held-out files of both evaluated
+    assert any("stdlib-train" in s for s in config.data.source)
+    assert any("chitchat-train" in s for s in config.data.source)
+    assert config.eval_data.split == "heldout"
+    assert {"stdlib", "chitchat"} <= {Path(s).name.split("-")[0] for s in config.eval_data.source}
+    full = load_train_config(QWEN_RECIPE, ["head_args.lora_rank=0"])
+    assert full.head_args.lora_rank == 0  # full fine-tuning is one key away
