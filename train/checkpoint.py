@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 __all__ = [
     "CHECKPOINTS",
@@ -76,16 +77,36 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainerState:
     """Restore `accelerator`'s state from `checkpoint` and return the run's state there.
 
+    Any number of processes resumes any checkpoint of its strategy: replicated weights are one
+    file, FSDP's sharded ones are resharded on load. Only an equal number continues exactly; at
+    another the global batch, the data order and the per-process RNG streams differ from the
+    run that wrote it (the model, optimizer, schedule and step carry over), which is said.
+
     Raises:
-        ValueError: the checkpoint was written by another number of processes (the data order
-            and the RNG states are per process).
+        ValueError: the checkpoint's weights are sharded (FSDP) and this run's are not, or the
+            other way round.
     """
     record = json.loads((checkpoint / TRAINER_STATE).read_text())
     written_by = record.pop("num_processes")
-    if written_by != accelerator.num_processes:
+    sharded, wanted = _is_sharded(checkpoint), accelerator.distributed_type == DistributedType.FSDP
+    if sharded != wanted:
+        kind = {True: "FSDP-sharded", False: "replicated (DDP / one process)"}
         raise ValueError(
-            f"checkpoint {checkpoint} was written by {written_by} processes; resume it with the "
-            f"same number (now {accelerator.num_processes})"
+            f"checkpoint {checkpoint} holds {kind[sharded]} weights but this run is "
+            f"{kind[wanted]}: resume it with the accelerate config that wrote it (any number of "
+            "processes), or start a new output_dir"
+        )
+    if written_by != accelerator.num_processes:
+        accelerator.print(
+            f"checkpoint {checkpoint} was written by {written_by} process(es), resumed by "
+            f"{accelerator.num_processes}: weights, optimizer, schedule and step carry over, but "
+            "the global batch, data order and RNG streams change, so this is not the run that "
+            "the same number of processes would have continued"
         )
     accelerator.load_state(str(checkpoint))
     return TrainerState(**record)
+
+
+def _is_sharded(checkpoint: Path) -> bool:
+    """True for a checkpoint of FSDP-sharded weights (Accelerate's ``pytorch_model_fsdp_*``)."""
+    return any(checkpoint.glob("pytorch_model_fsdp_*"))

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import (
     PreTrainedModel,
@@ -49,7 +49,7 @@ from draftsmith.train.checkpoint import (
     save_checkpoint,
 )
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.distributed import build_accelerator
+from draftsmith.train.distributed import build_accelerator, check_deepspeed
 from draftsmith.train.features import (
     CachedFeatures,
     FeatureCache,
@@ -109,6 +109,7 @@ class Trainer:
         self.accelerator = acc = build_accelerator(
             _mixed_precision(config.mixed_precision), log_with(config)
         )
+        check_deepspeed(acc, config.grad_accum, config.clip_grad_norm)
         set_seed(config.seed)
         self.output_dir = Path(config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -240,9 +241,9 @@ class Trainer:
             save_config(config, self.output_dir / "train_config.yaml")
             print(
                 f"training {config.head} on {config.target}: {len(self.train_source):,} rows x "
-                f"{config.data.seq_len} tokens, {acc.num_processes} process(es) on "
-                f"{acc.device}, steps {state.step} -> {config.max_steps}; outputs in "
-                f"{self.output_dir}"
+                f"{config.data.seq_len} tokens, {acc.num_processes} process(es) "
+                f"({acc.distributed_type.value}) on {acc.device}, steps {state.step} -> "
+                f"{config.max_steps}; outputs in {self.output_dir}"
             )
         if self.cache_written is not None:
             self.run_log.log(state.step, "cache", self.cache_written)
@@ -320,8 +321,8 @@ class Trainer:
         acceptance head's when only it trains), None without clipping. The acceptance head is
         clipped on its own, so it never changes the drafter's steps."""
         config, acc = self.config, self.accelerator
-        if config.clip_grad_norm is None:
-            return None
+        if config.clip_grad_norm is None or acc.distributed_type == DistributedType.DEEPSPEED:
+            return None  # DeepSpeed's engine clips inside its step, by its config
         objective = acc.unwrap_model(self.module)
         if objective.acceptance is None:
             return float(acc.clip_grad_norm_(self.module.parameters(), config.clip_grad_norm))
