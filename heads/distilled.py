@@ -183,8 +183,8 @@ class DistilledHead(DraftHead):
         return [self.model(input_ids=batch.input_ids).logits]
 
     def as_drafter(self, target: PreTrainedModel) -> DraftModelDrafter:
-        """Drafts with the causal LM; a LoRA draft with a merged copy (no adapter overhead per
-        step), so the head itself still trains."""
+        """Drafts with the causal LM; a LoRA draft with a merged copy (no adapter cost per
+        step), leaving the head's adapters in place."""
         self.bind_target(target)
         return DraftModelDrafter(_merged(self.model) if self.config.lora_rank else self.model)
 

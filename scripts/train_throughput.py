@@ -81,7 +81,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--target", default="smollm2-135m", help="recipes/<target>/ to read")
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument(
+        "--kinds", nargs="+", choices=KINDS, help="default: every kind with a recipe there"
+    )
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=2, help="rows per process and step")
     parser.add_argument("--seq-len", type=int, default=512)
@@ -92,7 +94,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
-    results = [measure(kind, args) for kind in args.kinds]
+    recipes = ROOT / "recipes" / args.target
+    kinds = args.kinds or [kind for kind in KINDS if (recipes / f"{kind}.yaml").is_file()]
+    results = [measure(kind, args) for kind in kinds]
     print("| kind | online tok/s | cached tok/s | cached / online | cache write tok/s |")
     print("|---|---|---|---|---|")
     for r in results:
