@@ -410,3 +410,21 @@ def test_the_qwen_recipe_distils_the_0_5b_toward_the_1_5b(divergence):
     assert {"stdlib", "chitchat"} <= {Path(s).name.split("-")[0] for s in config.eval_data.source}
     full = load_train_config(QWEN_RECIPE, ["head_args.lora_rank=0"])
     assert full.head_args.lora_rank == 0  # full fine-tuning is one key away
+
+
+@pytest.mark.slow
+def test_the_recipe_s_head_builds_on_the_real_qwen_pair():
+    """The 0.5B shares the 1.5B's vocabulary and tokenizer; LoRA leaves a few percent to train."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from draftsmith.core.zoo import fetch_model
+    from draftsmith.heads import head_class
+
+    target_dir = fetch_model("qwen2.5-coder-1.5b")
+    args = load_train_config(QWEN_RECIPE).head_args
+    head = head_class("distilled")(AutoConfig.from_pretrained(target_dir), args)
+    head.check_tokenizer(AutoTokenizer.from_pretrained(target_dir))
+    trainable = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in head.parameters())
+    assert 0 < trainable < 0.05 * total
+    assert head.config.base_fingerprint is not None

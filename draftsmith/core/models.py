@@ -7,12 +7,19 @@ from typing import Literal
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
+from draftsmith.core.parallel import (
+    DeviceMap,
+    check_device_map,
+    check_tensor_parallel,
+    tensor_parallel_world_size,
+)
 from draftsmith.core.zoo import resolve_model
 
 logger = logging.getLogger(__name__)
@@ -29,19 +36,40 @@ DTYPES: dict[str, torch.dtype | str] = {
 
 
 def load_model(
-    name_or_path: str, *, dtype: str = "auto", device: str | None = None
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    device: str | None = None,
+    device_map: DeviceMap | None = None,
+    tensor_parallel: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode.
 
     name_or_path: a zoo name (fetched on first use), a local folder or a hub id.
     dtype: float32, bfloat16, float16, or auto (the checkpoint's own precision).
+    device_map: split the layers over devices (see `draftsmith.core.parallel`); checked
+        before the weights load.
+    tensor_parallel: shard every layer over the processes torchrun started (transformers'
+        ``tp_plan="auto"``); checked against the model's head counts first.
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    if sum(x is not None and x is not False for x in (device, device_map, tensor_parallel)) > 1:
+        raise ValueError("give one of device, device_map and tensor_parallel, not several")
     path = resolve_model(name_or_path)
     logger.info("loading %s from %s (%s)", name_or_path, path, dtype)
+    placement: dict = {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        if device_map is not None:
+            config = AutoConfig.from_pretrained(path)
+            with torch.device("meta"):
+                check_device_map(AutoModelForCausalLM.from_config(config), device_map)
+            placement = {"device_map": dict(device_map)}
+        if tensor_parallel:
+            world_size = tensor_parallel_world_size()
+            check_tensor_parallel(AutoConfig.from_pretrained(path), world_size, name_or_path)
+            placement = {"tp_plan": "auto"}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **placement)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as err:
         raise FileNotFoundError(
