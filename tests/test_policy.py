@@ -192,6 +192,18 @@ def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
         policy.observe(_round(committed=4, round_s=1.5))
 
 
+def test_a_plain_stretch_runs_on_into_the_next_request():
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_rounds=1, first_backoff=3)
+    policy.observe(_round(committed=1, round_s=1.5))  # lost: 3 plain rounds
+    policy.observe(_round(committed=1, round_s=1.0, drafted=0))
+    policy.start()  # a new request: the drafter would have to read its prompt to probe
+    shapes = []
+    for _ in range(3):
+        shapes.append(policy.shape().max_tokens)
+        policy.observe(_round(committed=1, round_s=1.0, drafted=0))
+    assert shapes == [0, 0, 8]
+
+
 def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
     # Every drafted token is cut, so each round verifies one token after 0.1 s of drafting; on a
     # busy machine the rounds happen to take less wall time than the curve's plain step.

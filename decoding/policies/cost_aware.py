@@ -70,12 +70,13 @@ class CostAwarePolicy(DraftPolicy):
         value(n) = (1 + P_1 + ... + P_n) / (draft_fixed_s + n * draft_step_s + verify_cost(n + 1))
 
     is the round's expected committed tokens per second (verify_cost from `cost`, the target's
-    measured curve, scaled to the plain rounds timed now; the drafting cost fitted on the rounds
-    so far). Drafting goes on while some
-    longer draft, each further token accepted with probability a_n, is expected to beat value(n);
-    the draft is then cut to the prefix of best value, drafting cost spent (possibly to nothing:
-    the round is a plain step). A tree (`tree` set) is cut to the size of best value under the
-    same curve (`best_budget`), and the next round drafts up to twice that.
+    measured curve, scaled to the rounds timed now; the drafting cost fitted on the rounds so
+    far). Drafting goes on while some longer draft, each further token accepted with probability
+    a_n, is expected to beat value(n); the draft is then cut to the prefix of best value, drafting
+    cost spent (possibly to nothing: the round is a plain step). Nothing is drafted while even a
+    chain the target would accept whole could not beat a plain step. A tree (`tree` set) is cut
+    to the size of best value under the same curve (`best_budget`), and the next round drafts up
+    to twice that.
 
     Falling back: the rate of the speculative rounds (committed tokens over the round's drafting
     seconds plus the scaled curve's cost of the tokens it verified, moving averages) is compared
@@ -85,8 +86,9 @@ class CostAwarePolicy(DraftPolicy):
     otherwise let a drafter whose tokens are all cut go on drafting. Once speculation is slower
     after `min_rounds` rounds, the policy decodes plainly for `first_backoff` rounds, then probes
     with `min_rounds` rounds of speculation; each probe that loses doubles the plain stretch (up
-    to `max_backoff`, carried over to the next request, which opens with a probe), one that wins
-    resumes speculation.
+    to `max_backoff`), one that wins resumes speculation. A plain stretch runs on into the next
+    request: a probe there would first have the drafter read the whole prompt, a cost plain
+    decoding never pays.
     """
 
     name = "cost-aware"
@@ -126,8 +128,8 @@ class CostAwarePolicy(DraftPolicy):
             )
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
-        # Machine costs, and how long speculation has been losing, carry over between requests;
-        # each request still opens with a probe.
+        # Machine costs, and whether and how long speculation has been losing, carry over
+        # between requests.
         self._draft_cost = _DraftCost(self.smoothing)
         self._scale = _MovingAverage(self.smoothing)
         self._backoff = self.first_backoff
@@ -139,7 +141,6 @@ class CostAwarePolicy(DraftPolicy):
         self._reset_speculation()
         self._budget = None
         self._drafted_before = False
-        self._plain_left = 0
 
     def _reset_speculation(self) -> None:
         self._spec_tokens = _MovingAverage(self.smoothing)
@@ -152,10 +153,24 @@ class CostAwarePolicy(DraftPolicy):
         if self._plain_left > 0:
             return PLAIN
         shape = self.largest
-        if self._budget is None or shape.is_chain:
+        if shape.is_chain:
+            return shape if self._a_chain_can_pay() else PLAIN
+        if self._budget is None:
             return shape
         top_k, depth = min(shape.top_k, self._budget), min(shape.depth, self._budget)
         return TreeShape(top_k=top_k, depth=depth, total_tokens=shape.total_tokens)
+
+    def _a_chain_can_pay(self) -> bool:
+        """Whether a chain the target accepts whole would beat a plain step at today's costs
+        (with a curve: without one nothing is known against drafting)."""
+        if self.cost is None:
+            return True
+        fixed_s, step_s = self._draft_cost.fixed, self._draft_cost.per_token
+        plain = 1.0 / self.verify_s(1)
+        return any(
+            (1 + n) / (fixed_s + n * step_s + self.verify_s(n + 1)) > plain
+            for n in range(1, self.max_draft_tokens + 1)
+        )
 
     def stop_fn(self) -> StopFn | None:
         self._round_acceptance = []
