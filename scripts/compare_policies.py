@@ -9,8 +9,9 @@ noise hits them alike; speed is reported as ratios to plain and to the first pol
         [--json OUT.json]
 
 A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
-tree=auto|TOP_KxDEPTHxTOTAL, and raw=1 to rank drafts by raw confidence instead of the artifact's
-calibration. cost-aware gets the target's stored cost curve. Prints a table per workload and, with
+tree=auto|TOP_KxDEPTHxTOTAL, raw=1 to rank drafts by raw confidence instead of the artifact's
+calibration, and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
+(the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. Prints a table per workload and, with
 --json, writes every figure with the command line.
 """
 
@@ -27,7 +28,7 @@ import torch
 from draftsmith.commands.bench import AUTO_TREE, cost_curve, parse_options, parse_tree
 from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core.models import load_model
-from draftsmith.decoding import DraftPolicy, SpeculativeDecoder, build_policy
+from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
 
 
@@ -49,11 +50,16 @@ def main() -> None:
     prompts = load_prompts(args.prompts, args.limit)
     target, tokenizer = load_model(args.target, dtype=args.dtype)
     built = build_drafter(args.drafter, target, tokenizer, dtype=args.dtype)
-    policies = {spec: _policy(spec, target, args.target, built.acceptance) for spec in args.policy}
-    decoders = {
-        name: SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
-        for name, policy in policies.items()
-    }
+    decoders = {}
+    for spec in args.policy:
+        name, options = _parse_policy(spec, target, args.target)
+        own = built
+        if "artifact" in options:
+            artifact = options.pop("artifact")
+            own = build_drafter(f"artifact:{artifact}", target, tokenizer, dtype=args.dtype)
+        acceptance = None if options.pop("raw", 0) else own.acceptance
+        policy = build_policy(name, acceptance=acceptance, **options)
+        decoders[spec] = SpeculativeDecoder(target, own.drafter, tokenizer, policy=policy)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     encoded = [tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in prompts]
     for decoder in decoders.values():  # warm-up
@@ -116,18 +122,16 @@ def main() -> None:
             out.write(json.dumps(report, indent=2) + "\n")
 
 
-def _policy(spec: str, target, target_name: str, acceptance) -> DraftPolicy:
-    """The policy NAME[:KEY=VALUE,...] names (see the module docstring)."""
+def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:
+    """The policy name and options of NAME[:KEY=VALUE,...] (see the module docstring)."""
     name, _, rest = spec.partition(":")
     options = parse_options(rest.split(",") if rest else [])
-    if options.pop("raw", 0):
-        acceptance = None
     if "tree" in options:
         tree = parse_tree(str(options.pop("tree")).replace("x", ","))
         options["tree"] = AUTO_TREE if tree == "auto" else tree
     if name == "cost-aware":
         options["cost"] = cost_curve(target, target_name)
-    return build_policy(name, acceptance=acceptance, **options)
+    return name, options
 
 
 def _summary(group: dict, policies: list[str]) -> dict:
