@@ -5,9 +5,10 @@ Tensor parallel: every process runs the same decoding loop; each holds a slice o
 attention and MLP layer, and the target's forward all-reduces inside (the logits come out
 whole on every process). The drafter is replicated, so every process drafts the same tokens.
 A device map places whole layers (embeddings on the first device, norm and LM head on the
-last); activations hop device to device inside the forward. The drafter lives on the first
-device: `Target` moves each round's draft tokens there and gathers the feature layers there,
-once per round.
+last); activations hop device to device inside the forward, and Accelerate's dispatch hooks
+(which transformers installs for a map over several devices) return the logits and hidden
+states to the device the tokens came from: the first, where the drafter lives. So each round
+moves the draft tokens in and the logits and features out once, in the target's forward.
 
     target, tokenizer = load_model(name, tensor_parallel=True)     # under torchrun
     target, tokenizer = load_model(name, device_map=split_device_map(config, [0, 1]))

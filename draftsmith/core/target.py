@@ -66,9 +66,7 @@ class Target:
     def _features(self, hidden_states: tuple[torch.Tensor, ...] | None) -> torch.Tensor | None:
         if not self.feature_layers:
             return None
-        # A target split over devices (a device map) leaves its layers' states on several: they
-        # meet on its first device, the drafter's, once per forward.
-        return torch.cat([hidden_states[i].to(self.model.device) for i in self.feature_layers], -1)
+        return torch.cat([hidden_states[i] for i in self.feature_layers], dim=-1)
 
     # -- batched ----------------------------------------------------------------------------------
 
