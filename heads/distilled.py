@@ -111,7 +111,14 @@ class DistilledHead(DraftHead):
     num_steps = 1
     target_feature_layers = ()
 
-    def __init__(self, target_config: PretrainedConfig, config: DistilledConfig) -> None:
+    def __init__(
+        self,
+        target_config: PretrainedConfig,
+        config: DistilledConfig,
+        *,
+        draft: PreTrainedModel | None = None,
+    ) -> None:
+        """draft: an already built draft model (config.draft_config's), wrapped as it is."""
         super().__init__()
         target = text_config(target_config)
         layers = None
@@ -124,17 +131,13 @@ class DistilledHead(DraftHead):
                 )
         self._draft_tokenizer: PreTrainedTokenizerBase | None = None
         base_fingerprint = None
+        # A given draft has its weights; a from_target one copies them at the first bind_target.
+        self._copy_target = config.init == "from_target" and draft is None
         with seeded(config.seed):
-            if config.init == "sibling" and (config.draft_config is None or config.adapter_only):
-                draft, self._draft_tokenizer = load_model(config.model)
-                draft = draft.float()
-                base_fingerprint = _check_base(draft, config)
-            elif config.draft_config is not None:
-                draft = AutoModelForCausalLM.from_config(
-                    AutoConfig.for_model(**config.draft_config)
+            if draft is None:
+                draft, self._draft_tokenizer, base_fingerprint = _build_draft(
+                    target_config, config, layers
                 )
-            else:
-                draft = AutoModelForCausalLM.from_config(layer_subset_config(target_config, layers))
             _check_vocabulary(draft, target, config)
             if config.lora_rank:
                 alpha = config.lora_alpha or 2 * config.lora_rank
@@ -149,7 +152,6 @@ class DistilledHead(DraftHead):
             draft_config=built.config.to_dict(),
             base_fingerprint=base_fingerprint or config.base_fingerprint,
         )
-        self._copy_target = config.init == "from_target"  # copied at the first bind_target
 
     def causal_lm(self) -> PreTrainedModel:
         """The draft causal LM itself (LoRA adapters, if any, live inside its layers)."""
@@ -217,10 +219,23 @@ class DistilledHead(DraftHead):
             base_fingerprint=None,
             draft_config=merged.config.to_dict(),
         )
-        head = DistilledHead(self._target_config, plain)
-        head.model.load_state_dict(merged.state_dict())
-        head._copy_target = False  # the merged weights replace the target's copy
-        return head
+        return DistilledHead(self._target_config, plain, draft=merged)
+
+
+def _build_draft(
+    target_config: PretrainedConfig, config: DistilledConfig, layers: list[int] | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None, str | None]:
+    """The draft causal LM (float32), with the sibling's tokenizer and fingerprint when the
+    sibling is loaded: its weights are needed (a fresh start, or adapters saved without it)."""
+    if config.init == "sibling" and (config.draft_config is None or config.adapter_only):
+        draft, tokenizer = load_model(config.model)
+        draft = draft.float()
+        return draft, tokenizer, _check_base(draft, config)
+    if config.draft_config is not None:
+        draft_config = AutoConfig.for_model(**config.draft_config)
+    else:
+        draft_config = layer_subset_config(target_config, layers)
+    return AutoModelForCausalLM.from_config(draft_config), None, None
 
 
 def _check_base(draft: PreTrainedModel, config: DistilledConfig) -> str:

@@ -191,6 +191,18 @@ def test_lora_resumes_exactly(lora_run, tmp_path, target, tokenizer, monkeypatch
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
 
 
+def test_a_second_round_continues_the_adapters(lora_run, corpus, target, tokenizer, tmp_path):
+    """init_from a LoRA artifact (e.g. before training on on-policy data it wrote)."""
+    artifact = Path(lora_run[0]["output_dir"]) / "drafter"
+    raw = recipe(corpus, tmp_path / "round2", LORA, init_from=str(artifact), max_steps=2)
+    trainer = Trainer(load_train_config(_write(raw, tmp_path)), target=target, tokenizer=tokenizer)
+    head = trainer.accelerator.unwrap_model(trainer.module).head
+    saved = load_file(str(artifact / "model.safetensors"))
+    state = head.state_dict()
+    assert all(torch.equal(state[name], tensor) for name, tensor in saved.items())
+    assert all("lora_" in n for n, p in head.named_parameters() if p.requires_grad)
+
+
 def test_a_merged_lora_artifact_is_a_full_model_drafting_the_same(lora_run, target, tmp_path):
     _, trainer = lora_run
     head = trainer.accelerator.unwrap_model(trainer.module).head
@@ -400,7 +412,7 @@ def test_the_qwen_recipe_distils_the_0_5b_toward_the_1_5b(divergence):
     config = load_train_config(QWEN_RECIPE, [*overrides, f"objective.divergence={divergence}"])
     assert config.target == "qwen2.5-coder-1.5b" and config.head == "distilled"
     head = config.head_args
-    assert (head.init, head.model, head.lora_export) == ("sibling", "qwen2.5-coder-0.5b", "merged")
+    assert (head.init, head.model, head.lora_export) == ("sibling", "qwen2.5-coder-0.5b", "adapter")
     assert head.lora_rank > 0
     assert config.objective.divergence == divergence
     # the 1.5B's own words, code and chat, trained on; held-out files of both evaluated
