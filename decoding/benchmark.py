@@ -1,7 +1,10 @@
 """Side-by-side benchmark: plain `generate`, Hugging Face assisted generation and draftsmith.
 
 Every prompt runs all three methods back to back on the same loaded models (interleaved, after a
-warm-up), so machine noise hits them alike; results are reported as ratios. A drafter without a
+warm-up), so machine noise hits them alike; results are reported as ratios. With a batch size
+above 1, prompts run in batches of that many: plain `generate` on the left-padded batch and
+`SpeculativeDecoder.generate_batch`, each batch's time split evenly among its prompts; Hugging
+Face assisted generation decodes one sequence only, so it is not run (the report says so). A drafter without a
 Hugging Face counterpart (empty `hf_assist`, e.g. a trained head) skips assisted generation and
 reports its figures as null ("-" in the table). A greedy divergence from plain `generate` is
 re-scored with a float32 copy of the target and called rounding only where the two tokens are a
@@ -22,7 +25,13 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from draftsmith.decoding.decoder import GenerationStats, SpeculativeDecoder
+from draftsmith.decoding.decoder import (
+    GenerationResult,
+    GenerationStats,
+    SpeculativeDecoder,
+    check_context,
+    eos_token_ids,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +42,10 @@ as rounding there: kept tight, so that a fault is not excused; a float32 roundin
 it reads as unexplained, the safe side."""
 
 WARMUP_TOKENS = 8
+HF_ASSISTED_BATCH = (
+    "not run: Hugging Face assisted generation supports batch size 1 only "
+    "(its generate raises for a larger batch)"
+)
 
 
 @dataclass
@@ -153,9 +166,13 @@ class Benchmark:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int = 0,
+        batch_size: int = 1,
     ) -> None:
         if (top_k is not None or top_p is not None) and temperature == 0.0:
             raise ValueError("top_k and top_p shape sampling: give a temperature > 0 with them")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
         self.target = target
         self.tokenizer = tokenizer
         self.decoder = decoder
@@ -167,6 +184,7 @@ class Benchmark:
         self.seed = seed
         self.dtype = next(target.parameters()).dtype
         self._float32: PreTrainedModel | None = None
+        self._eos = eos_token_ids(target)
 
     @property
     def greedy(self) -> bool:
@@ -174,44 +192,72 @@ class Benchmark:
 
     def run(self, prompts: list[dict]) -> dict:
         encoded = [self.tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in prompts]
-        self._warm_up(encoded[0])
+        positions = getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
+        for index, ids in enumerate(encoded):  # before any method runs, whatever its batch
+            fix = "shorten the prompt, drop it from the prompt file, or lower --max-new-tokens"
+            check_context(positions, ids.numel(), self.max_new_tokens, f"prompt {index}", fix)
+        size = self.batch_size
+        batches = [
+            list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)
+        ]
+        self._warm_up([encoded[i] for i in batches[0]])
         groups: dict[str, Aggregate] = defaultdict(Aggregate)
         overall = Aggregate()
-        for index, record in enumerate(tqdm(prompts, desc="bench")):
-            result = self._run_prompt(index, record["workload"], encoded[index])
-            overall.results.append(result)
-            groups[record["workload"]].results.append(result)
+        for batch in tqdm(batches, desc="bench" if size == 1 else f"bench (batches of {size})"):
+            workloads = [prompts[i]["workload"] for i in batch]
+            for result in self._run_batch(batch, workloads, [encoded[i] for i in batch]):
+                overall.results.append(result)
+                groups[result.workload].results.append(result)
         summary = overall.summary(self.greedy)
-        return {
+        report = {
             "lossy": summary["lossy"],
+            "batch_size": size,
             "overall": summary,
             "workloads": {name: g.summary(self.greedy) for name, g in groups.items()},
         }
+        if self.hf_assist and size > 1:
+            report["hf_assisted"] = HF_ASSISTED_BATCH
+        return report
 
-    def _warm_up(self, ids: torch.Tensor) -> None:
+    def _warm_up(self, batch: list[torch.Tensor]) -> None:
         logger.info("warm-up: %d tokens with each method", WARMUP_TOKENS)
-        self._plain(ids, WARMUP_TOKENS)
-        if self.hf_assist:
-            self._assisted(ids, WARMUP_TOKENS)
-        self.decoder.generate(ids, max_new_tokens=WARMUP_TOKENS, **self._sampling_kwargs())
+        self._plain(batch, WARMUP_TOKENS)
+        if self.hf_assist and len(batch) == 1:
+            self._assisted(batch[0], WARMUP_TOKENS)
+        self._ours(batch, WARMUP_TOKENS)
 
-    def _run_prompt(self, index: int, workload: str, ids: torch.Tensor) -> PromptResult:
+    def _run_batch(
+        self, indices: list[int], workloads: list[str], batch: list[torch.Tensor]
+    ) -> list[PromptResult]:
+        """Every method on one batch of prompts (token ids (T_b,) each), back to back."""
         torch.manual_seed(self.seed)
-        plain = self._plain(ids, self.max_new_tokens)
-        hf = None
-        if self.hf_assist:
+        plain = self._plain(batch, self.max_new_tokens)
+        hf: list[PromptRun | None] = [None] * len(batch)
+        if self.hf_assist and len(batch) == 1:
             torch.manual_seed(self.seed)
-            hf = self._assisted(ids, self.max_new_tokens)
+            hf = [self._assisted(batch[0], self.max_new_tokens)]
         started = time.perf_counter()
-        out = self.decoder.generate(
-            ids, max_new_tokens=self.max_new_tokens, seed=self.seed, **self._sampling_kwargs()
-        )
-        ours = PromptRun(out.tokens, time.perf_counter() - started)
-        result = PromptResult(index, workload, plain, hf, ours, out.stats, lossy=out.lossy)
-        # A lossy verifier's departures are its own doing, measured by the exact-match rate.
-        if self.greedy and ours.tokens != plain.tokens and not out.lossy:
-            result.divergence = self._divergence(index, ids, plain, ours)
-        return result
+        outs = self._ours(batch, self.max_new_tokens)
+        wall_s = (time.perf_counter() - started) / len(batch)
+        results = []
+        for index, workload, ids, plain_run, hf_run, out in zip(
+            indices, workloads, batch, plain, hf, outs, strict=True
+        ):
+            ours = PromptRun(out.tokens, wall_s)
+            result = PromptResult(index, workload, plain_run, hf_run, ours, out.stats, out.lossy)
+            # A lossy verifier's departures are its own doing, measured by the exact-match rate.
+            if self.greedy and ours.tokens != plain_run.tokens and not out.lossy:
+                result.divergence = self._divergence(index, ids, plain_run, ours)
+            results.append(result)
+        return results
+
+    def _ours(self, batch: list[torch.Tensor], max_new: int) -> list[GenerationResult]:
+        """draftsmith on the batch: `generate` for one prompt (which a subclass may observe),
+        `generate_batch` for more (row b seeded seed + b)."""
+        kwargs = {"max_new_tokens": max_new, "seed": self.seed, **self._sampling_kwargs()}
+        if len(batch) == 1:
+            return [self.decoder.generate(batch[0], **kwargs)]
+        return self.decoder.generate_batch(batch, **kwargs)
 
     def _sampling_kwargs(self) -> dict:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
@@ -232,15 +278,30 @@ class Benchmark:
         }
 
     @torch.inference_mode()
-    def _plain(self, ids: torch.Tensor, max_new: int) -> PromptRun:
+    def _plain(self, batch: list[torch.Tensor], max_new: int) -> list[PromptRun]:
+        """Plain `generate` of the target on the batch, left-padded; each row cut after its first
+        EOS token (where a batch pads the rows that finished), the time split evenly."""
+        kwargs = self._hf_kwargs()
+        width = max(ids.numel() for ids in batch)
+        pad = kwargs["pad_token_id"] or 0  # any id: the attention mask hides padding
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for b, ids in enumerate(batch):
+            input_ids[b, width - ids.numel() :] = ids
+            attention_mask[b, width - ids.numel() :] = 1
         started = time.perf_counter()
         out = self.target.generate(
-            ids[None],
-            attention_mask=torch.ones_like(ids[None]),
+            input_ids.to(self.target.device),
+            attention_mask=attention_mask.to(self.target.device),
             max_new_tokens=max_new,
-            **self._hf_kwargs(),
+            **kwargs,
         )
-        return PromptRun(out[0, ids.numel() :].tolist(), time.perf_counter() - started)
+        wall_s = (time.perf_counter() - started) / len(batch)
+        return [PromptRun(self._until_eos(row[width:].tolist()), wall_s) for row in out]
+
+    def _until_eos(self, tokens: list[int]) -> list[int]:
+        end = next((i + 1 for i, t in enumerate(tokens) if t in self._eos), len(tokens))
+        return tokens[:end]
 
     @torch.inference_mode()
     def _assisted(self, ids: torch.Tensor, max_new: int) -> PromptRun:

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
-from draftsmith.core.target import Target
+from draftsmith.core.tree import chain_parents
 from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RoundOutcome
 from draftsmith.decoding.verify import LosslessVerifier, Verifier
 from draftsmith.heads.base import Draft, Drafter
@@ -71,6 +72,8 @@ class RoundRecord:
     accepted_path: list[int]
     """The draft nodes the target accepted, root first."""
     sampling: SamplingParams
+    row: int = 0
+    """The prompt's index in its batch."""
 
     @property
     def n_accepted(self) -> int:
@@ -95,8 +98,9 @@ class SpeculativeDecoder:
     """Lossless speculative decoding of a target model with any `Drafter`.
 
     Each round the drafter proposes a draft tree (a chain is one), the target verifies it in one
-    forward with a tree attention mask, and both caches keep the accepted path's rows. Batch size
-    1. Greedy output equals the target's greedy output token for token; sampled output
+    forward with a tree attention mask, and both caches keep the accepted path's rows. A batch of
+    prompts (`generate_batch`) runs every row's draft in that one forward, each row accepting its
+    own number of tokens. Greedy output equals the target's greedy output token for token; sampled output
     follows the target's distribution (same temperature / top-k / top-p processing on both sides).
     """
 
@@ -123,12 +127,24 @@ class SpeculativeDecoder:
                 f"{self.vocab_size}: a drafter must share the target's tokenizer and vocabulary "
                 "(use a draft model from the same family, or train a head on this target)"
             )
-        self.eos_token_ids = _eos_token_ids(target)
+        self.eos_token_ids = eos_token_ids(target)
+        self._forks: list[Drafter] = []
 
-    @torch.inference_mode()
     def generate(
         self,
         prompt_or_ids: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int = 128,
+        **options,
+    ) -> GenerationResult:
+        """Generate up to max_new_tokens after the prompt (a string needs a tokenizer):
+        `generate_batch` of one prompt, with its options (temperature, top_k, top_p, seed,
+        stop_strings, on_round)."""
+        return self.generate_batch([prompt_or_ids], max_new_tokens, **options)[0]
+
+    @torch.inference_mode()
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int] | torch.Tensor],
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -136,68 +152,129 @@ class SpeculativeDecoder:
         seed: int | None = None,
         stop_strings: Sequence[str] | None = None,
         on_round: RoundHook | None = None,
-    ) -> GenerationResult:
-        """Generate up to max_new_tokens after the prompt (a string needs a tokenizer).
-
+    ) -> list[GenerationResult]:
+        """Generate up to max_new_tokens after each prompt, all rows verified in one target
+        forward per round; one result per prompt, in order. A string prompt needs a tokenizer;
         on_round, if given, is called after every verification with a `RoundRecord`.
+
+        Each row drafts with its own drafter (`Drafter.fork` of this decoder's) and accepts its
+        own number of tokens per round; a row that finished drops out of the batch. The policy is
+        the batch's: one `shape` per round for every row (each row's chain may stop early by its
+        own `stop_fn`), and every row's outcome is `observe`d with the round's timings. Row b
+        samples from its own generator seeded `seed + b`, so its output is the one `generate`
+        gives that prompt alone with that seed (greedy: always). on_round sees every row's
+        `RoundRecord` (with its row index).
         """
+        if not prompts:
+            raise ValueError("generate_batch needs at least one prompt")
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-        prompt = self._prompt_ids(prompt_or_ids, max_new_tokens)
+        names = (
+            ["the prompt"] if len(prompts) == 1 else [f"prompt {i}" for i in range(len(prompts))]
+        )
+        ids = [
+            self._prompt_ids(p, max_new_tokens, name)
+            for p, name in zip(prompts, names, strict=True)
+        ]
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer: pass tokenizer= to SpeculativeDecoder")
-        generator = None
-        if seed is not None:
-            generator = torch.Generator().manual_seed(seed)
-        stats = GenerationStats()
         started = time.perf_counter()
-
-        target = Target(self.target, self.drafter.target_feature_layers)
-        features = target.extend(prompt[:-1])[1] if prompt.numel() > 1 else None
-        self.drafter.start(prompt, features)
+        rows = [
+            _Row(i, drafter, _row_generator(seed, i), int(prompt[-1]))
+            for i, (prompt, drafter) in enumerate(
+                zip(ids, self._row_drafters(len(ids)), strict=True)
+            )
+        ]
+        target = RaggedTarget(self.target, self.drafter.target_feature_layers, len(rows))
+        _prefill(target, ids, rows)
         self.policy.start(self.target)
-        last_token = int(prompt[-1])
-        generated: list[int] = []
-        while len(generated) < max_new_tokens:
+        active = rows
+        while active:
             round_started = time.perf_counter()
-            # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
-            shape = self.policy.shape().capped(max_new_tokens - len(generated) - 1)
-            draft = self.drafter.propose(
-                shape, sampling, generator, self.policy.stop_fn(), self.policy.acceptance_fn()
-            )
-            draft = self.policy.trim(draft)
+            drafts = self._drafts(active, max_new_tokens, sampling)
             draft_s = time.perf_counter() - round_started
-            committed = target.length
-            # Row 0 is the newest committed token, the tree's root; node i is row 1 + i.
-            block = torch.cat([torch.tensor([last_token]), draft.tokens])
-            logits, features = target.extend_tree(
-                block, torch.cat([torch.tensor([-1]), draft.parents + 1])
-            )
-            path, next_token = self.verifier(logits, draft, sampling, generator)
-            stats.record_round(draft, len(path))
-            if on_round is not None:
-                on_round(RoundRecord(draft, logits, path, sampling))
-            # Keep the root's row and the accepted path's: every committed token but the newest.
-            rows = torch.tensor([0, *(1 + i for i in path)])
-            target.keep(committed, committed + rows)
-            new_tokens = [*draft.tokens[path].tolist(), next_token]
-            self.drafter.commit(
-                torch.tensor(new_tokens), None if features is None else features[rows]
-            )
-            generated.extend(new_tokens)
-            last_token = next_token
+            paths = self._verify(target, active, drafts, sampling, stop_strings, on_round)
             round_s = time.perf_counter() - round_started
-            self.policy.observe(RoundOutcome(draft, path, draft_s, round_s))
-            end = self._end_of_generation(generated, len(generated) - len(new_tokens), stop_strings)
-            if end is not None:
-                del generated[end:]
-                break
-        del generated[max_new_tokens:]
-        stats.finish(len(generated), time.perf_counter() - started)
-        text = self.tokenizer.decode(generated) if self.tokenizer is not None else None
-        return GenerationResult(tokens=generated, text=text, stats=stats, lossy=self.verifier.lossy)
+            for draft, path in zip(drafts, paths, strict=True):
+                self.policy.observe(RoundOutcome(draft, path, draft_s, round_s))
+            still = [b for b, row in enumerate(active) if not row.finish(max_new_tokens, started)]
+            if len(still) < len(active):
+                active = [active[b] for b in still]
+                if active:
+                    target.select(still)  # a finished row costs no more drafts or verification
+        return [self._result(row) for row in rows]
+
+    def _drafts(self, active: list[_Row], max_new: int, sampling: SamplingParams) -> list[Draft]:
+        """Each active row's draft of the policy's shape this round, trimmed by the policy."""
+        shape = self.policy.shape()
+        # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
+        return [
+            self.policy.trim(
+                row.drafter.propose(
+                    shape.capped(max_new - len(row.generated) - 1),
+                    sampling,
+                    row.generator,
+                    self.policy.stop_fn(),
+                    self.policy.acceptance_fn(),
+                )
+            )
+            for row in active
+        ]
+
+    def _verify(
+        self,
+        target: RaggedTarget,
+        active: list[_Row],
+        drafts: list[Draft],
+        sampling: SamplingParams,
+        stop_strings: Sequence[str] | None,
+        on_round: RoundHook | None,
+    ) -> list[list[int]]:
+        """Verify every active row's draft in one target forward, commit what each accepted to
+        the target's cache, its drafter and its output; returns each row's accepted path."""
+        # Row 0 of a block is the newest committed token, the tree's root; node i is row 1 + i.
+        roots = [torch.tensor([row.last_token]) for row in active]
+        logits, features = target.extend(
+            [torch.cat([root, d.tokens]) for root, d in zip(roots, drafts, strict=True)],
+            [torch.cat([torch.tensor([-1]), d.parents + 1]) for d in drafts],
+        )
+        verified = [
+            self.verifier(row_logits, draft, sampling, row.generator)
+            for row, row_logits, draft in zip(active, logits, drafts, strict=True)
+        ]
+        # Keep the root's row and the accepted path's: every committed token but the newest.
+        kept = [[0, *(1 + i for i in path)] for path, _ in verified]
+        target.keep(kept)
+        for row, draft, (path, next_token), row_logits, row_features, row_kept in zip(
+            active, drafts, verified, logits, features, kept, strict=True
+        ):
+            row.stats.record_round(draft, len(path))
+            if on_round is not None:
+                on_round(RoundRecord(draft, row_logits, path, sampling, row.index))
+            new_tokens = [*draft.tokens[path].tolist(), next_token]
+            row.drafter.commit(
+                torch.tensor(new_tokens), None if row_features is None else row_features[row_kept]
+            )
+            row.generated.extend(new_tokens)
+            row.last_token = next_token
+            row.end = self._end_of_generation(
+                row.generated, len(row.generated) - len(new_tokens), stop_strings
+            )
+        return [path for path, _ in verified]
+
+    def _result(self, row: _Row) -> GenerationResult:
+        text = self.tokenizer.decode(row.generated) if self.tokenizer is not None else None
+        return GenerationResult(
+            tokens=row.generated, text=text, stats=row.stats, lossy=self.verifier.lossy
+        )
+
+    def _row_drafters(self, count: int) -> list[Drafter]:
+        """This decoder's drafter and count - 1 forks of it, made once and kept for later batches."""
+        while len(self._forks) < count - 1:
+            self._forks.append(self.drafter.fork())
+        return [self.drafter, *self._forks[: count - 1]]
 
     def _prompt_ids(
-        self, prompt_or_ids: str | Sequence[int] | torch.Tensor, max_new: int
+        self, prompt_or_ids: str | Sequence[int] | torch.Tensor, max_new: int, name: str
     ) -> torch.Tensor:
         if isinstance(prompt_or_ids, str):
             if self.tokenizer is None:
@@ -206,17 +283,16 @@ class SpeculativeDecoder:
         else:
             ids = torch.as_tensor(prompt_or_ids, dtype=torch.long).reshape(-1)
         if ids.numel() == 0:
-            raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+            raise ValueError(f"{name} is empty: give at least one token (e.g. the BOS token)")
         if max_new < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
         if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size}) for this target")
-        if self.max_positions is not None and ids.numel() + max_new > self.max_positions:
             raise ValueError(
-                f"the prompt has {ids.numel()} tokens and max_new_tokens is {max_new}, together "
-                f"more than the target's context of {self.max_positions} positions: shorten the "
-                "prompt or lower max_new_tokens"
+                f"{name}'s token ids must lie in [0, {self.vocab_size}) for this target"
             )
+        apart = "" if name == "the prompt" else ", decode it apart from this batch,"
+        fix = f"shorten {name}{apart} or lower max_new_tokens"
+        check_context(self.max_positions, ids.numel(), max_new, name, fix)
         return ids
 
     def _end_of_generation(
@@ -234,6 +310,57 @@ class SpeculativeDecoder:
         return None
 
 
+@dataclass
+class _Row:
+    """One prompt's decoding state in a batch."""
+
+    index: int
+    drafter: Drafter
+    generator: torch.Generator | None
+    last_token: int
+    generated: list[int] = field(default_factory=list)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    end: int | None = None
+    """Where an EOS token or stop string cut the output, once one appeared."""
+
+    def finish(self, max_new_tokens: int, started: float) -> bool:
+        """True, with the output cut and the stats final, once the row is done."""
+        if self.end is None and len(self.generated) < max_new_tokens:
+            return False
+        del self.generated[min(self.end or max_new_tokens, max_new_tokens) :]
+        self.stats.finish(len(self.generated), time.perf_counter() - started)
+        return True
+
+
+def _row_generator(seed: int | None, row: int) -> torch.Generator | None:
+    return None if seed is None else torch.Generator().manual_seed(seed + row)
+
+
+def _prefill(target: RaggedTarget, ids: list[torch.Tensor], rows: list[_Row]) -> None:
+    """Run every prompt but its last token through the target (the last opens the first round)
+    and start each row's drafter on its prompt and those features."""
+    features = [None] * len(ids)
+    if max(p.numel() for p in ids) > 1:
+        _, features = target.extend(
+            [p[:-1] for p in ids], [chain_parents(p.numel() - 1) for p in ids]
+        )
+        target.keep([range(p.numel() - 1) for p in ids])
+    for prompt, row, row_features in zip(ids, rows, features, strict=True):
+        row.drafter.start(prompt, row_features if prompt.numel() > 1 else None)
+
+
+def check_context(
+    max_positions: int | None, length: int, max_new: int, name: str, fix: str
+) -> None:
+    """Raise a ValueError naming the prompt (name) and the fix unless its length tokens and
+    max_new generated ones fit in the target's context of max_positions (None: no limit)."""
+    if max_positions is not None and length + max_new > max_positions:
+        raise ValueError(
+            f"{name} has {length} tokens and max_new_tokens is {max_new}, together more than "
+            f"the target's context of {max_positions} positions: {fix}"
+        )
+
+
 def _ends_in_stop_string(
     tokenizer: PreTrainedTokenizerBase, tokens: list[int], stop_strings: Sequence[str]
 ) -> bool:
@@ -243,7 +370,8 @@ def _ends_in_stop_string(
     return any(s in text and s not in previous for s in stop_strings)
 
 
-def _eos_token_ids(model: PreTrainedModel) -> set[int]:
+def eos_token_ids(model: PreTrainedModel) -> set[int]:
+    """The token ids that end a generation in model's generation config."""
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
         return set()

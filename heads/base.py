@@ -228,6 +228,16 @@ class Drafter(ABC):
     def draft(self, request: DraftRequest) -> Draft:
         """`propose` for a shape of at least one token."""
 
+    def fork(self) -> Drafter:
+        """A drafter of the same kind sharing this one's weights, with no sequence yet: the
+        drafter of another row of a batch (`SpeculativeDecoder.generate_batch`), whose state is
+        its own. Kinds that cannot decode a batch raise a ValueError naming the kind."""
+        kind = getattr(self, "kind", None)
+        name = type(self).__name__ if kind is None else f"the {kind} drafter"
+        raise ValueError(
+            f"{name} cannot decode a batch: decode these prompts one at a time (batch size 1)"
+        )
+
     def expose_states(self, hook: StatesHook | None) -> None:
         """Call hook with every batch of draft logits this drafter emits and the hidden states
         behind them (what a learned acceptance head reads); None: stop. Kinds without hidden

@@ -35,6 +35,9 @@ class DraftModelDrafter(Drafter):
         self._own.reset()
         self._tree_rows = None
 
+    def fork(self) -> DraftModelDrafter:
+        return DraftModelDrafter(self.model)
+
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         # Rows of an uncommitted earlier draft go; the newest token is rerun for its logits.

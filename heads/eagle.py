@@ -234,6 +234,11 @@ class FeatureDrafter(Drafter):
         self._features.start(target_features, prompt_ids.numel())
         self._newest = None
 
+    def fork(self) -> FeatureDrafter:
+        fork = FeatureDrafter(self.head, self.vocab_size)
+        fork.expose_states(self._states_hook)
+        return fork
+
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         hidden = self._catch_up()

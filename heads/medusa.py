@@ -109,6 +109,9 @@ class MedusaDrafter(Drafter):
         self._features.start(target_features, prompt_ids.numel())
         self._features.release(len(self._features) - 1)  # only the newest row is ever read
 
+    def fork(self) -> MedusaDrafter:
+        return MedusaDrafter(self.head, self.vocab_size)
+
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         newest = len(self._features) - 1

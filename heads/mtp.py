@@ -148,6 +148,9 @@ class MTPDrafter(Drafter):
             own.reset()
         self._features.start(target_features, prompt_ids.numel())
 
+    def fork(self) -> MTPDrafter:
+        return MTPDrafter(self.head, self.vocab_size)
+
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         depth = min(request.shape.depth, self.head.num_steps)

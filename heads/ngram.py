@@ -27,6 +27,9 @@ class NgramDrafter(Drafter):
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         self._committed = prompt_ids.tolist()
 
+    def fork(self) -> NgramDrafter:
+        return NgramDrafter(self.max_ngram, self.min_ngram)
+
     def draft(self, request: DraftRequest) -> Draft:
         seq = self._committed
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):

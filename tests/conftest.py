@@ -99,7 +99,7 @@ class MarkovTarget(torch.nn.Module):
 
     def forward(self, input_ids, cache: DynamicCache, use_cache=True, **_):
         n = input_ids.shape[1]
-        dummy = torch.zeros(1, 1, n, 1)
+        dummy = torch.zeros(input_ids.shape[0], 1, n, 1)
         cache.update(dummy, dummy, layer_idx=0)
         return _Output(logits=self.table[input_ids])
 

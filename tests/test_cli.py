@@ -417,3 +417,46 @@ def test_bench_with_an_auto_tree_profiles_once_and_plots(models, tmp_path, monke
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["overall"]["identical_to_plain"] is True
     assert [p["size"] for p in report["tree_sweep"]][:3] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "artifact"])
+def test_bench_batch_size_compares_batched_decoding(models, tmp_path, capsys, drafter):
+    spec = {
+        "draft-model": f"draft-model:{models / 'target'}",
+        "artifact": f"artifact:{models / 'drafter'}",
+    }[drafter]
+    texts = ["def f(x):", "hello hello hello", "a", "The cat sat on the mat. The cat"]
+    file = prompts(tmp_path, *(json.dumps({"prompt": t}) for t in texts))
+    out = tmp_path / "report.json"
+    argv = [*bench(models / "target", spec, file), "--batch-size", "3", "--policy", "fixed"]
+    main([*argv, "--max-new-tokens", "10", "--dtype", "float32", "--json", str(out)])
+    report = json.loads(out.read_text())
+    overall = report["overall"]
+    assert report["batch_size"] == report["config"]["batch_size"] == 3
+    assert overall["n_prompts"] == 4 and overall["plain_tok_s"] > 0
+    assert overall["identical_to_plain"] is True and overall["exact_match_rate"] == 1.0
+    assert overall["mean_accepted_length"] >= 1.0
+    printed = capsys.readouterr().out
+    if drafter == "draft-model":  # it has an assisted-generation counterpart, not run at batch 3
+        assert "batch size 1 only" in report["hf_assisted"] and "not run" in printed
+        assert overall["mean_accepted_length"] > 1.5  # the target drafting for itself
+    else:
+        assert "hf_assisted" not in report
+
+
+def test_bench_batch_with_a_prompt_longer_than_the_context(models, tmp_path, capsys):
+    file = prompts(
+        tmp_path, '{"prompt": "a"}', '{"prompt": "b"}', json.dumps({"prompt": "x" * 300})
+    )
+    argv = bench(models / "target", "ngram", file) + ["--batch-size", "3", "--dtype", "float32"]
+    line = fails(capsys, [*argv, "--max-new-tokens", "2"])
+    assert "prompt 2 has 300 tokens" in line
+    assert "context of 256 positions: shorten the prompt, drop it from the prompt file" in line
+
+
+def test_bench_batch_size_flag_errors(tmp_path, capsys):
+    file = prompts(tmp_path, '{"prompt": "x"}')
+    line = fails(capsys, [*bench("unused", "ngram", file), "--batch-size", "0"])
+    assert "--batch-size must be >= 1" in line
+    line = fails(capsys, [*bench("unused", "ngram", file), "--batch-size", "2", "--plot", "a.png"])
+    assert "--plot sweeps tree sizes at batch size 1" in line

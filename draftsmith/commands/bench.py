@@ -77,12 +77,23 @@ class BenchCommand:
     """Also decode the prompts at a range of tree sizes and plot accepted length and tokens/s
     against tree size to this PNG, marking where auto's budget lands."""
     seed: int = 0
-    """Seeds sampling (each prompt and method starts from it)."""
+    """Seeds sampling (each prompt and method starts from it; in a batch, row b from seed + b)."""
+    batch_size: int = 1
+    """Prompts decoded together: plain `generate` on the left-padded batch against speculative
+    decoding of the batch (each row accepting its own tokens per round; the draft policy is the
+    batch's). Hugging Face assisted generation runs at batch size 1 only, so above 1 it is not
+    run and the report says so."""
     json: Path | None = None
     """Write the report here as JSON."""
 
     def __post_init__(self) -> None:
         # Bad flags fail before any model loads.
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.batch_size > 1 and self.plot:
+            raise ValueError(
+                "--plot sweeps tree sizes at batch size 1: drop --plot or --batch-size"
+            )
         if self.min_path_confidence is not None:
             if self.policy not in (DEFAULT_POLICY, "threshold"):
                 raise ValueError(
@@ -132,6 +143,7 @@ class BenchCommand:
             top_k=self.top_k,
             top_p=self.top_p,
             seed=self.seed,
+            batch_size=self.batch_size,
         )
         report = bench.run(prompts)
         report["config"] = {
@@ -140,6 +152,8 @@ class BenchCommand:
             "command": " ".join(["draftsmith", *sys.argv[1:]]),
         }
         print(format_table(report))
+        if "hf_assisted" in report:
+            print(f"Hugging Face assisted generation: {report['hf_assisted']}")
         for d in report["overall"]["divergences"]:
             print(format_divergence(d))
         if self.plot:

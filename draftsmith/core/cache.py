@@ -34,14 +34,25 @@ def keep_cache_rows(cache: Cache, first: int, rows: torch.Tensor) -> None:
     if torch.equal(rows, torch.arange(first, first + rows.numel())):
         crop_cache(cache, first + rows.numel())  # a prefix (a chain's accepted part) needs no copy
         return
+    gather_cache_positions(cache, first, rows[None])
+
+
+def gather_cache_positions(cache: Cache, first: int, index: torch.Tensor) -> None:
+    """Keep the cached positions before `first`, then for each batch row b the positions
+    index[b] (index (B, n) or (1, n) for every row, each >= first), and drop every other one, in
+    place: each row of a batch keeps its own accepted path, padded to the longest."""
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
         if type(layer) is not DynamicLayer:
             raise ValueError(
-                f"cannot gather rows of a {type(layer).__name__}: draft trees need a model whose "
-                "layers all use full attention with a dynamic cache (decode with a chain instead)"
+                f"cannot gather rows of a {type(layer).__name__}: draft trees and batches need a "
+                "model whose layers all use full attention with a dynamic cache (decode a chain "
+                "at batch size 1 instead)"
             )
-        index = rows.to(layer.keys.device)
-        layer.keys = torch.cat([layer.keys[..., :first, :], layer.keys[..., index, :]], dim=-2)
-        layer.values = torch.cat([layer.values[..., :first, :], layer.values[..., index, :]], -2)
+        batch, heads, _, width = layer.keys.shape
+        gather = index.to(layer.keys.device)[:, None, :, None].expand(batch, heads, -1, width)
+        layer.keys = torch.cat([layer.keys[..., :first, :], layer.keys.gather(2, gather)], dim=-2)
+        layer.values = torch.cat(
+            [layer.values[..., :first, :], layer.values.gather(2, gather)], dim=-2
+        )

@@ -117,16 +117,26 @@ class Target:
         tree's 4D mask and depths); the default is causal attention at the next positions.
         Returns logits (n, V) float32 and, when feature layers are set, features (n, F).
         """
+        logits, features = self.extend_rows(tokens[None], attention_mask, position_ids)
+        return logits[0], None if features is None else features[0]
+
+    def extend_rows(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`extend` for a batch: tokens (B, n) after the cached positions of B rows. Returns logits
+        (B, n, V) float32 and features (B, n, F) or None."""
         out = self.model(
-            input_ids=tokens[None].to(self.model.device),
+            input_ids=tokens.to(self.model.device),
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
             **{self._cache_argument: self.cache},
             output_hidden_states=bool(self.feature_layers),
         )
-        features = self._features(out.hidden_states)
-        return out.logits[0].float(), None if features is None else features[0]
+        return out.logits.float(), self._features(out.hidden_states)
 
     def extend_tree(
         self, tokens: torch.Tensor, parents: torch.Tensor
@@ -136,13 +146,7 @@ class Target:
         ancestors. A chain runs with the default causal attention. Returns what `extend` does."""
         if is_chain(parents):
             return self.extend(tokens)
-        implementation = self.model.config._attn_implementation
-        if implementation not in TREE_ATTENTION:
-            raise ValueError(
-                f"the target runs {implementation!r} attention, which does not apply a draft "
-                f"tree's attention mask: load it with attn_implementation in {TREE_ATTENTION}, "
-                "or decode with a chain"
-            )
+        check_custom_masks(self.model, "a draft tree's")
         mask, positions = tree_attention(parents, self.length, self.model.dtype, self.model.device)
         return self.extend(tokens, attention_mask=mask, position_ids=positions)
 
@@ -154,3 +158,15 @@ class Target:
         """Keep the cached positions before `first` and then `rows` (ascending, >= first): the
         accepted path of a verified tree (see `keep_cache_rows`)."""
         keep_cache_rows(self.cache, first, rows)
+
+
+def check_custom_masks(model: PreTrainedModel, what: str) -> None:
+    """Raise a ValueError naming the fix unless model's attention applies a custom 4D mask as
+    given (`TREE_ATTENTION`); what names the mask's use, e.g. "a draft tree's"."""
+    implementation = model.config._attn_implementation
+    if implementation not in TREE_ATTENTION:
+        raise ValueError(
+            f"the target runs {implementation!r} attention, which does not apply {what} "
+            f"attention mask: load it with attn_implementation in {TREE_ATTENTION}, or decode "
+            "with a chain at batch size 1"
+        )

@@ -53,11 +53,12 @@ def tree_visibility(parents: torch.Tensor, cached: int) -> torch.Tensor:
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """visible (m, S) bool -> (1, 1, m, S) additive attention mask on visible's device: 0 where a
-    row may attend, the dtype's minimum elsewhere (eager attention adds it to the scores; SDPA takes it as is)."""
+    """visible (m, S) or (B, m, S) bool -> (1, 1, m, S) or (B, 1, m, S) additive attention mask
+    on visible's device: 0 where a row may attend, the dtype's minimum elsewhere (eager attention
+    adds it to the scores; SDPA takes it as is)."""
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask = mask.masked_fill(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[None, None] if visible.ndim == 2 else mask[:, None]
 
 
 def tree_attention(
