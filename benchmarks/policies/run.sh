@@ -10,16 +10,19 @@ out=benchmarks/policies
 common=(--target smollm2-135m --drafter artifact:runs/exp13/drafter --dtype float32
         --max-new-tokens 64)
 
-# The defaults (cost-aware, online recalibration), greedy, on the bundled code / chat / prose.
+# The defaults (cost-aware, online recalibration) on the bundled code / chat / prose: greedy,
+# temperature 1, and temperature 1 with top-p 0.9.
 draftsmith bench "${common[@]}" --json $out/bench_greedy.json
-
-# Code: the best fixed lengths, today's hand-tuned flags, cost-aware on calibrated vs raw
-# confidence, side by side.
-python scripts/compare_policies.py "${common[@]}" --prompts $out/bundled_code_prompts.jsonl \
-    --policy fixed:max_draft_tokens=4 --policy fixed:max_draft_tokens=8 \
-    --policy threshold:max_draft_tokens=12,min_path_confidence=0.4 \
-    --policy cost-aware --policy cost-aware:raw=1,recalibrate=0 \
-    --json $out/compare_code_greedy.json
-
-# The defaults at temperature 1.
 draftsmith bench "${common[@]}" --temperature 1 --json $out/bench_t1.json
+draftsmith bench "${common[@]}" --temperature 1 --top-p 0.9 --json $out/bench_t1_top_p.json
+
+# Every policy on the same bundled prompts: the best fixed lengths, today's hand-tuned flags,
+# cost-aware on calibrated vs raw confidence and on the learned acceptance head (Platt-scaled,
+# runs/exp13-acceptance/code-2: the same drafter), and the published stop rules.
+python scripts/compare_policies.py "${common[@]}" --prompts decoding/bench_prompts.jsonl \
+    --policy cost-aware --policy fixed:max_draft_tokens=2 --policy fixed:max_draft_tokens=4 \
+    --policy fixed:max_draft_tokens=8 --policy threshold:max_draft_tokens=12,min_path_confidence=0.4 \
+    --policy cost-aware:raw=1,recalibrate=0 \
+    --policy cost-aware:artifact=runs/exp13-acceptance/code-2 \
+    --policy cm-asd --policy specdec++ --policy adaedl \
+    --json $out/compare_greedy.json
