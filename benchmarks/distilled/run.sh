@@ -33,8 +33,12 @@ if [ "${ON_POLICY:-0}" = 1 ]; then
     overrides=("data.source=[$sources]")
 fi
 
-accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
-    recipes/qwen2.5-coder-1.5b/draft-model.yaml output_dir=$run "${overrides[@]}"
+# TRAIN_ARGS: more key=value overrides; ONE_PROCESS=1 trains in this process. On a CPU without
+# bf16 units: ONE_PROCESS=1 TRAIN_ARGS="target_dtype=float32 mixed_precision=no".
+launch=(accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py)
+[ "${ONE_PROCESS:-0}" = 1 ] && launch=(draftsmith train)
+"${launch[@]}" recipes/qwen2.5-coder-1.5b/draft-model.yaml output_dir=$run "${overrides[@]}" \
+    ${TRAIN_ARGS:-}
 cp $run/metrics.jsonl $out/train_metrics.jsonl
 
 # The bundled prompts: 8 held-out stdlib functions, then 4 chat and 4 prose lines.
