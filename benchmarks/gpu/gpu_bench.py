@@ -224,6 +224,25 @@ def main(argv: list[str] | None = None) -> dict:
     args.seq_len = args.seq_len or (64 if args.tiny else 2048)
 
     started = time.perf_counter()
+    result = {
+        "shape": "tiny" if args.tiny else "Llama-3.1-8B (random weights)",
+        "target_config": TINY if args.tiny else LLAMA_31_8B,
+        "head_args": TINY_HEAD_ARGS if args.tiny else HEAD_ARGS,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "versions": {p: version(p) for p in ("draftsmith", "torch", "transformers")},
+        "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+    def save(**measured) -> None:
+        """Add `measured` and rewrite the JSON: a run stopped by the time limit keeps what it
+        measured so far."""
+        result.update(measured, wall_s=time.perf_counter() - started)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
     generator = torch.Generator().manual_seed(0)
     target = build_target(args.tiny, device, dtype)
     print(f"target built: {sum(p.numel() for p in target.parameters()) / 1e9:.2f} B parameters")
@@ -234,40 +253,20 @@ def main(argv: list[str] | None = None) -> dict:
     curve = profile_target(
         target, context=args.context, repeats=args.repeats, sizes=range(1, 65), name="random"
     )
+    save(
+        verify_curve={"tokens": curve.tokens, "verify_s": curve.verify_s, "context": curve.context}
+    )
     print("decode steps ...", flush=True)
     drafter_head = inference_copy(target, head, args.tiny)
-    decode = decode_steps(target, drafter_head, args, generator)
     prompt = torch.randint(target.config.vocab_size, (args.context,), generator=generator)
     width = len(head.target_feature_layers) * target.config.hidden_size
     features = torch.randn(args.context - 1, width, generator=generator).to(device, dtype)
     drafter = drafter_head.as_drafter(target)
-    draft_step_s = profile_drafter(drafter, prompt.to(device), features, args.repeats)
+    save(draft_step_s=profile_drafter(drafter, prompt.to(device), features, args.repeats))
+    save(decode=decode_steps(target, drafter_head, args, generator))
     del drafter, drafter_head
     print("training ...", flush=True)
-    train = training_throughput(target, head, args, generator)
-
-    result = {
-        "shape": "tiny" if args.tiny else "Llama-3.1-8B (random weights)",
-        "target_config": TINY if args.tiny else LLAMA_31_8B,
-        "head_args": TINY_HEAD_ARGS if args.tiny else HEAD_ARGS,
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "verify_curve": {
-            "tokens": curve.tokens,
-            "verify_s": curve.verify_s,
-            "context": curve.context,
-        },
-        "draft_step_s": draft_step_s,
-        "decode": decode,
-        "train": train,
-        "wall_s": time.perf_counter() - started,
-        "versions": {p: version(p) for p in ("draftsmith", "torch", "transformers")},
-        "python": platform.python_version(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    save(train=training_throughput(target, head, args, generator))
     print_table(result)
     print(f"results written to {args.json}")
     return result
