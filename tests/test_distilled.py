@@ -220,6 +220,15 @@ def test_a_merged_lora_artifact_is_a_full_model_drafting_the_same(lora_run, targ
     assert_same_drafts(load_drafter(merged, target), load_drafter(adapter, target))
 
 
+def test_the_trainer_exports_a_merged_lora_draft(corpus, target, tokenizer, tmp_path):
+    raw = recipe(corpus, tmp_path / "merged", {**LORA, "lora_export": "merged"}, max_steps=2)
+    result = train(load_train_config(_write(raw, tmp_path)), target=target, tokenizer=tokenizer)
+    tensors = load_file(str(result.artifact / "model.safetensors"))
+    assert tensors and not [n for n in tensors if "lora_" in n]
+    drafter = load_drafter(result.artifact, target)
+    assert len(drafts(drafter, [5, 6, 7]).tokens) == 4
+
+
 def test_a_distilled_artifact_calibrates_and_benchmarks(lora_run, saved, tmp_path, capsys):
     artifact = shutil.copytree(Path(lora_run[0]["output_dir"]) / "drafter", tmp_path / "drafter")
     data = tmp_path / "heldout.jsonl"
