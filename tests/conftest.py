@@ -179,3 +179,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def own_home(request, tmp_path_factory, monkeypatch):
+    """What the code under test stores in the draftsmith home (cost curves, data) goes to a
+    temporary one, not the user's; `slow` tests keep the real home, where the zoo's models are."""
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path_factory.mktemp("home")))

@@ -371,12 +371,6 @@ def test_a_field_of_one_value_or_several_takes_either():
     assert from_flags(PrepareDataCommand, many).source == ["a.jsonl", "b.jsonl"]
 
 
-@pytest.fixture(autouse=True)
-def own_home(tmp_path, monkeypatch):
-    """The cost-aware bench stores the target's cost curve: keep it out of the user's home."""
-    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
