@@ -55,7 +55,9 @@ def test_each_row_equals_its_prompt_decoded_alone(llama, kind, policy):
         assert result.stats.accepted == alone.stats.accepted
 
 
-def test_qwen2_rows_of_a_tree_batch(qwen2):
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_qwen2_rows_of_a_tree_batch(implementation):
+    qwen2 = tiny_model("qwen2", seed=3, attn_implementation=implementation)
     decoder = SpeculativeDecoder(qwen2, _drafter("perturbed", qwen2), policy=TREE)
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=12)
     assert [r.tokens for r in batch] == [

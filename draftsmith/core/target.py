@@ -3,7 +3,8 @@
 - Incremental (decoding): `Target.extend(tokens)` runs new tokens after the cached positions
   and returns their logits and features; `Target.extend_tree(tokens, parents)` runs a draft tree
   in one forward with a tree attention mask; `Target.rollback(length)` and `Target.keep(first,
-  rows)` drop rejected positions.
+  rows)` drop rejected positions. `Target.extend_rows` runs a batch of rows the same way, whose
+  ragged lengths `draftsmith.core.ragged.RaggedTarget` keeps.
 - Batched (training, the feature cache, teacher-forced calibration): `Target.batch(input_ids,
   loss_mask)` runs whole rows once and returns a `TargetBatch` with the loss-mask shift applied.
 
