@@ -227,6 +227,7 @@ class FeatureDrafter(Drafter):
         self._features = LaggedFeatures(len(head.target_feature_layers) * head.hidden_size)
         self._newest: torch.Tensor | None = None  # (1, 1, H) predicted feature of the newest row
         self._states_hook: StatesHook | None = None
+        self._forks: list[FeatureDrafter] = []  # told of a later hook too
 
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         self._committed = prompt_ids.tolist()
@@ -237,6 +238,7 @@ class FeatureDrafter(Drafter):
     def fork(self) -> FeatureDrafter:
         fork = FeatureDrafter(self.head, self.vocab_size)
         fork.expose_states(self._states_hook)
+        self._forks.append(fork)
         return fork
 
     @torch.inference_mode()
@@ -301,6 +303,8 @@ class FeatureDrafter(Drafter):
 
     def expose_states(self, hook: StatesHook | None) -> None:
         self._states_hook = hook
+        for fork in self._forks:
+            fork.expose_states(hook)
 
     def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         # The cache holds committed rows only (see draft): nothing to roll back.

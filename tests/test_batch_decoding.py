@@ -152,6 +152,18 @@ def test_ragged_cache_after_holes_and_compaction_equals_fresh_rows(llama):
         torch.testing.assert_close(got[-1], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_every_rows_drafter_hands_its_states_to_a_hook_set_after_forking(llama):
+    drafter = _drafter("eagle3", llama)
+    decoder = SpeculativeDecoder(llama, drafter, policy=CHAIN)
+    decoder.generate_batch(PROMPTS, max_new_tokens=4)  # the forks exist from here on
+    seen = []
+    drafter.expose_states(lambda logits, states: seen.append(logits.shape[0]))
+    batch = decoder.generate_batch(PROMPTS, max_new_tokens=8)
+    # One row of draft logits per drafted token (a chain drafts one token per step).
+    assert sum(seen) == sum(r.stats.drafted for r in batch)
+    assert sum(seen) > batch[0].stats.drafted
+
+
 # -- sampling --------------------------------------------------------------------------------------
 
 
