@@ -342,7 +342,7 @@ def _prefill(target: RaggedTarget, ids: list[torch.Tensor], rows: list[_Row]) ->
     features = [None] * len(ids)
     if max(p.numel() for p in ids) > 1:
         _, features = target.extend(
-            [p[:-1] for p in ids], [chain_parents(p.numel() - 1) for p in ids]
+            [p[:-1] for p in ids], [chain_parents(p.numel() - 1) for p in ids], logits=False
         )
         target.keep([range(p.numel() - 1) for p in ids])
     for prompt, row, row_features in zip(ids, rows, features, strict=True):

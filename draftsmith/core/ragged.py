@@ -36,12 +36,17 @@ class RaggedTarget:
         self._block_start = 0  # cache slots before the last extended block
 
     def extend(
-        self, tokens: Sequence[torch.Tensor], parents: Sequence[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        self,
+        tokens: Sequence[torch.Tensor],
+        parents: Sequence[torch.Tensor],
+        *,
+        logits: bool = True,
+    ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor | None]]:
         """Run one block per row in one forward: tokens[b] (m_b,) with parents[b] (m_b,) as
         `draftsmith.core.tree` (-1: continues row b's cached positions). Blocks are padded to the
-        widest; a padded slot sees only itself. Returns per row logits (m_b, V) float32 and
-        features (m_b, F) or None."""
+        widest; a padded slot sees only itself. Returns per row logits (m_b, V) float32 (None
+        without `logits`: the LM head runs on one position only) and features (m_b, F) or
+        None."""
         widths = [t.numel() for t in tokens]
         width = max(widths)
         ids = torch.zeros(len(tokens), width, dtype=torch.long)
@@ -58,10 +63,10 @@ class RaggedTarget:
         if not dense:
             check_custom_masks(self.model, "a draft tree's or a padded batch's")
             mask, positions = self._attention(parents, width)
-        logits, features = self.target.extend_rows(ids, mask, positions)
+        out, features = self.target.extend_rows(ids, mask, positions, 0 if logits else 1)
         rows = range(len(tokens))
         return (
-            [logits[b, : widths[b]] for b in rows],
+            [out[b, : widths[b]] for b in rows] if logits else None,
             [None if features is None else features[b, : widths[b]] for b in rows],
         )
 
