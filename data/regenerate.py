@@ -267,14 +267,22 @@ def _generate(
     model_eos = model.generation_config.eos_token_id
     eos |= set(model_eos) if isinstance(model_eos, list) else {model_eos}
     eos.discard(None)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_token = tokenizer.pad_token
+    if pad_token is None and tokenizer.eos_token is None:
+        raise ValueError(
+            "the target's tokenizer has neither a padding nor an EOS token, and regeneration pads "
+            "its batches: give the tokenizer a pad token (tokenizer.pad_token = ...) and save it"
+        )
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    # Many base models ship no pad token: their EOS pads, as in their own batched generate.
+    tokenizer.pad_token = tokenizer.eos_token if pad_token is None else pad_token
     try:
+        pad = tokenizer.pad_token_id
         inputs = tokenizer(
             prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens
         )
     finally:
-        tokenizer.padding_side = side
+        tokenizer.padding_side, tokenizer.pad_token = side, pad_token
     sampling = (
         {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p}
         if config.do_sample

@@ -44,7 +44,6 @@ def _quiet():
 def tokenizer(byte_tokenizer):
     tokenizer = copy.deepcopy(byte_tokenizer)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(0)  # documents end with it
-    tokenizer.pad_token = tokenizer.eos_token  # regeneration pads batches
     return tokenizer
 
 
