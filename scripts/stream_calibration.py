@@ -32,6 +32,8 @@ from collections import defaultdict
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from draftsmith.calibration.metrics import ece, ece_debiased, nll
@@ -58,13 +60,13 @@ def main() -> None:
     if built.acceptance is None:
         print("the drafter has no calibration: 'offline' is the raw top-1 probability")
     if args.load_streams:
-        streams = torch.load(args.load_streams)
+        streams = load_streams(args.load_streams)
     else:
         policy = FixedPolicy(max_draft_tokens=args.draft_tokens, recalibrate=False)
         decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
         streams = decode(decoder, prompts, args.max_new_tokens)
     if args.save_streams:
-        torch.save(streams, args.save_streams)
+        save_streams(streams, args.save_streams)
 
     report = {
         "command": " ".join(["python", *sys.argv]),
@@ -103,7 +105,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--burn-in", type=int, default=50, help="observations before 'after'")
     parser.add_argument("--sweep", action="store_true", help="replay a grid of online settings")
     parser.add_argument("--json")
-    parser.add_argument("--save-streams", help="save the observed rounds (torch.save) to replay")
+    parser.add_argument("--save-streams", help="save the observed rounds (safetensors) to replay")
     parser.add_argument(
         "--load-streams", help="replay rounds saved by --save-streams instead of decoding"
     )
@@ -124,6 +126,33 @@ def decode(
 
         decoder.generate(record["prompt"], max_new_tokens=max_new_tokens, on_round=observe)
     return dict(streams)
+
+
+def save_streams(streams: dict[str, list[Round]], path: str) -> None:
+    """Every workload's rounds in one safetensors file: tensor WORKLOAD/ROUND/NAME (a signal, or
+    `accepted`), the workloads' order in the metadata."""
+    tensors = {
+        f"{workload}/{i:06d}/{name}": value.contiguous()
+        for workload, rounds in streams.items()
+        for i, (signals, accepted) in enumerate(rounds)
+        for name, value in {**signals, "accepted": accepted}.items()
+    }
+    save_file(tensors, path, metadata={"workloads": json.dumps(list(streams))})
+
+
+def load_streams(path: str) -> dict[str, list[Round]]:
+    """The streams `save_streams` wrote, in their order."""
+    with safe_open(path, framework="pt") as saved:
+        workloads = json.loads(saved.metadata()["workloads"])
+        rounds: dict[str, dict[str, dict[str, torch.Tensor]]] = {w: {} for w in workloads}
+        names = saved.keys()  # a safetensors file is not iterable
+        for key in names:
+            workload, index, name = key.rsplit("/", 2)
+            rounds[workload].setdefault(index, {})[name] = saved.get_tensor(key)
+    return {
+        workload: [(tensors, tensors.pop("accepted")) for _, tensors in sorted(by_index.items())]
+        for workload, by_index in rounds.items()
+    }
 
 
 def replay(rounds: list[Round], online: OnlineAcceptance) -> tuple[np.ndarray, float]:
