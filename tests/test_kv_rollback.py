@@ -6,7 +6,9 @@ import torch
 from conftest import perturbed_copy
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.target import Target
+from draftsmith.core.tree import chain_parents
 from draftsmith.heads import DraftModelDrafter
 
 
@@ -20,13 +22,15 @@ def _assert_cache_equals_prefill(model, cache, tokens: list[int]) -> None:
 
 
 def test_target_rollback_equals_fresh_prefill(llama):
-    runner = Target(llama)
-    runner.extend(torch.tensor([4, 8, 15, 16]))
-    runner.extend(torch.tensor([23, 42, 99, 7, 1]))  # one verification round of 5 positions
-    runner.rollback(6)  # two of them accepted
-    _assert_cache_equals_prefill(llama, runner.cache, [4, 8, 15, 16, 23, 42])
+    runner = RaggedTarget(llama)
+    runner.extend([torch.tensor([4, 8, 15, 16])], [chain_parents(4)])
+    runner.keep([range(4)])
+    # One verification round of 5 positions, of which two are accepted.
+    runner.extend([torch.tensor([23, 42, 99, 7, 1])], [chain_parents(5)])
+    runner.keep([range(2)])
+    _assert_cache_equals_prefill(llama, runner.target.cache, [4, 8, 15, 16, 23, 42])
     # The rolled-back cache goes on to give the same logits as a fresh run.
-    logits, _ = runner.extend(torch.tensor([3]))
+    logits = runner.extend([torch.tensor([3])], [chain_parents(1)])[0][0]
     fresh = Target(llama)
     expected, _ = fresh.extend(torch.tensor([4, 8, 15, 16, 23, 42, 3]))
     torch.testing.assert_close(logits[-1], expected[-1], atol=1e-5, rtol=1e-4)

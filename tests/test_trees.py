@@ -9,9 +9,10 @@ from conftest import greedy_reference, perturbed_copy, tiny_model
 from head_helpers import HEADS, build_head
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.target import Target
-from draftsmith.core.tree import ancestor_mask, tree_attention, tree_depths
+from draftsmith.core.tree import ancestor_mask, chain_parents, tree_depths
 from draftsmith.decoding import verify_greedy
 from draftsmith.heads import Draft, DraftModelDrafter, NgramDrafter, TreeShape
 from draftsmith.heads.base import raw_acceptance
@@ -27,23 +28,26 @@ def test_tree_mask_and_positions():
     assert mask.tolist()[3] == [True, True, False, True, False]
     assert mask.tolist()[4] == [True, False, True, False, True]
     assert tree_depths(PARENTS).tolist() == [0, 1, 1, 2, 2]
-    additive, positions = tree_attention(PARENTS, 7, torch.float32)
-    assert additive.shape == (1, 1, 5, 12)
-    assert bool((additive[0, 0, :, :7] == 0).all())  # every row sees the cache
-    assert positions.tolist() == [[7, 8, 8, 9, 9]]
 
 
 def _fresh_logits(model, ids: list[int]) -> torch.Tensor:
     return model(input_ids=torch.tensor([ids])).logits[0, -1]
 
 
+def _after_prompt(model, prompt: list[int]) -> RaggedTarget:
+    """A one-row target that has cached prompt."""
+    target = RaggedTarget(model)
+    target.extend([torch.tensor(prompt)], [chain_parents(len(prompt))])
+    target.keep([range(len(prompt))])
+    return target
+
+
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_one_tree_forward_equals_each_branch_run_alone(implementation):
     model = tiny_model("llama", seed=0, attn_implementation=implementation)
     prompt = [5, 6, 7, 8]
-    target = Target(model)
-    target.extend(torch.tensor(prompt))
-    logits, _ = target.extend_tree(TOKENS, PARENTS)
+    target = _after_prompt(model, prompt)
+    logits = target.extend([TOKENS], [PARENTS])[0][0]
     for row in range(len(TOKENS)):
         path = [row]
         while PARENTS[path[0]] >= 0:
@@ -53,29 +57,27 @@ def test_one_tree_forward_equals_each_branch_run_alone(implementation):
 
 
 def test_an_attention_that_ignores_the_mask_is_refused(llama):
-    target = Target(llama)
-    target.extend(torch.tensor([1, 2, 3]))
+    target = _after_prompt(llama, [1, 2, 3])
     llama.config._attn_implementation = "flash_attention_2"
     try:
-        with pytest.raises(ValueError, match="does not apply a draft tree's attention mask"):
-            target.extend_tree(TOKENS, PARENTS)
+        with pytest.raises(ValueError, match="does not apply a draft tree's"):
+            target.extend([TOKENS], [PARENTS])
     finally:
         llama.config._attn_implementation = "sdpa"
 
 
 def test_kv_compaction_equals_a_fresh_prefill(llama):
     prompt = [5, 6, 7, 8]
-    target = Target(llama)
-    target.extend(torch.tensor(prompt))
-    target.extend_tree(TOKENS, PARENTS)
+    target = _after_prompt(llama, prompt)
+    target.extend([TOKENS], [PARENTS])
     # Keep the block's rows 0, 2, 4: the path 17 -> 99 -> 42.
-    target.keep(len(prompt), torch.tensor([4, 6, 8]))
-    assert target.length == len(prompt) + 3
-    logits, _ = target.extend(torch.tensor([11]))
+    target.keep([[0, 2, 4]])
+    assert target.lengths == [len(prompt) + 3]
+    logits = target.extend([torch.tensor([11])], [chain_parents(1)])[0][0]
     fresh = Target(llama)
     expected, _ = fresh.extend(torch.tensor(prompt + [17, 99, 42, 11]))
     torch.testing.assert_close(logits[-1], expected[-1], rtol=1e-4, atol=1e-4)
-    for kept, ref in zip(target.cache.layers, fresh.cache.layers, strict=True):
+    for kept, ref in zip(target.target.cache.layers, fresh.cache.layers, strict=True):
         torch.testing.assert_close(kept.keys, ref.keys, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(kept.values, ref.values, rtol=1e-4, atol=1e-5)
 

@@ -1,10 +1,9 @@
 """The frozen target model: the one place its forward runs, for decoding, training and calibration.
 
 - Incremental (decoding): `Target.extend(tokens)` runs new tokens after the cached positions
-  and returns their logits and features; `Target.extend_tree(tokens, parents)` runs a draft tree
-  in one forward with a tree attention mask; `Target.rollback(length)` and `Target.keep(first,
-  rows)` drop rejected positions. `Target.extend_rows` runs a batch of rows the same way, whose
-  ragged lengths `draftsmith.core.ragged.RaggedTarget` keeps.
+  and returns their logits and features; `Target.extend_rows` runs a batch of rows the same way.
+  `draftsmith.core.ragged.RaggedTarget` builds on it: draft trees under a tree attention mask,
+  each row's own cached length, and keeping only the accepted positions.
 - Batched (training, the feature cache, teacher-forced calibration): `Target.batch(input_ids,
   loss_mask)` runs whole rows once and returns a `TargetBatch` with the loss-mask shift applied.
 
@@ -20,8 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from draftsmith.core.cache import cache_argument, crop_cache, keep_cache_rows
-from draftsmith.core.tree import is_chain, tree_attention
+from draftsmith.core.cache import cache_argument
 
 TREE_ATTENTION = ("eager", "sdpa")
 """Attention implementations that apply a custom 4D mask as given (tested); others, e.g. flash
@@ -142,27 +140,6 @@ class Target:
             **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}),
         )
         return out.logits.float(), self._features(out.hidden_states)
-
-    def extend_tree(
-        self, tokens: torch.Tensor, parents: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run a tree of tokens (m,) after the cached positions in one forward: parents (m,) as
-        `draftsmith.core.tree` (-1: the row continues the cache). Each row sees the cache and its
-        ancestors. A chain runs with the default causal attention. Returns what `extend` does."""
-        if is_chain(parents):
-            return self.extend(tokens)
-        check_custom_masks(self.model, "a draft tree's")
-        mask, positions = tree_attention(parents, self.length, self.model.dtype, self.model.device)
-        return self.extend(tokens, attention_mask=mask, position_ids=positions)
-
-    def rollback(self, length: int) -> None:
-        """Keep only the first `length` cached positions."""
-        crop_cache(self.cache, length)
-
-    def keep(self, first: int, rows: torch.Tensor) -> None:
-        """Keep the cached positions before `first` and then `rows` (ascending, >= first): the
-        accepted path of a verified tree (see `keep_cache_rows`)."""
-        keep_cache_rows(self.cache, first, rows)
 
 
 def check_custom_masks(model: PreTrainedModel, what: str) -> None:

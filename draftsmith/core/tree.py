@@ -46,12 +46,6 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def tree_visibility(parents: torch.Tensor, cached: int) -> torch.Tensor:
-    """(m, cached + m) bool: row i sees every cached position, its ancestors and itself."""
-    every_cached = torch.ones(parents.numel(), cached, dtype=torch.bool)
-    return torch.cat([every_cached, ancestor_mask(parents)], dim=1)
-
-
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """visible (m, S) or (B, m, S) bool -> (1, 1, m, S) or (B, 1, m, S) additive attention mask
     on visible's device: 0 where a row may attend, the dtype's minimum elsewhere (eager attention
@@ -59,14 +53,3 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask = mask.masked_fill(~visible, torch.finfo(dtype).min)
     return mask[None, None] if visible.ndim == 2 else mask[:, None]
-
-
-def tree_attention(
-    parents: torch.Tensor, cached: int, dtype: torch.dtype, device: torch.device | str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keyword inputs of a causal LM's forward over a tree block after `cached` positions:
-    attention_mask (1, 1, m, cached + m) (`additive_mask`) and position_ids (1, m) = cached +
-    depth."""
-    mask = additive_mask(tree_visibility(parents, cached), dtype)
-    positions = cached + tree_depths(parents)
-    return mask.to(device), positions[None].to(device)
