@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from draftsmith.core.parallel import shards_agree
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.tree import chain_parents
@@ -194,6 +195,7 @@ class SpeculativeDecoder:
             draft_s = time.perf_counter() - round_started
             paths = self._verify(target, active, drafts, sampling, stop_strings, on_round)
             round_s = time.perf_counter() - round_started
+            draft_s, round_s = shards_agree(self.target, [draft_s, round_s])
             for draft, path in zip(drafts, paths, strict=True):
                 self.policy.observe(RoundOutcome(draft, path, draft_s, round_s))
             still = [b for b, row in enumerate(active) if not row.finish(max_new_tokens, started)]

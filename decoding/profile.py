@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from draftsmith.core.cache import cache_argument, crop_cache
+from draftsmith.core.parallel import shards_agree
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.zoo import default_home
 from draftsmith.heads.base import Drafter
@@ -111,11 +112,14 @@ class CostCurve:
             raise ValueError(f"{path} is not a valid cost curve ({err}): {RERUN}") from err
 
     @staticmethod
-    def default_path(target_name: str, dtype: str | torch.dtype, device: str = "cpu") -> Path:
+    def default_path(
+        target_name: str, dtype: str | torch.dtype, device: str = "cpu", placement: str = ""
+    ) -> Path:
         """Where `draftsmith profile` keeps the curve of `target_name` at `dtype` on devices of
-        `device`'s kind: ``$DRAFTSMITH_HOME/profiles/`` (default ``~/.cache/draftsmith``)."""
+        `device`'s kind, spread as `placement` says (`draftsmith.core.parallel.placement`; ""
+        on one device): ``$DRAFTSMITH_HOME/profiles/`` (default ``~/.cache/draftsmith``)."""
         dtype = str(dtype).removeprefix("torch.")
-        kind = torch.device(device).type
+        kind = torch.device(device).type + (f"--{placement}" if placement else "")
         return default_home() / "profiles" / f"{_safe_name(target_name)}--{dtype}--{kind}.json"
 
 
@@ -219,6 +223,7 @@ def profile_target(
 
     blocks = [torch.randint(vocab, (1, n), generator=generator).to(device) for n in sizes]
     times = _interleaved_minima([verify(block) for block in blocks], repeats, device)
+    times = shards_agree(model, times)  # one curve on every process, to draft alike
     times = list(itertools.accumulate(times, max))
     return CostCurve(
         tokens=sizes,

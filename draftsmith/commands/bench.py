@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from draftsmith.commands.placement import TargetPlacement
 from draftsmith.core.models import Dtype
 from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
 from draftsmith.heads.base import TreeShape
@@ -25,7 +26,7 @@ def bundled_prompts() -> Path:
 
 
 @dataclass(kw_only=True)
-class BenchCommand:
+class BenchCommand(TargetPlacement):
     """Benchmark a drafter against plain and Hugging Face assisted generation: every prompt runs
     all three back to back after a warm-up; speed is reported as ratios, with the mean accepted
     length and every divergence from the target's plain greedy output."""
@@ -88,6 +89,12 @@ class BenchCommand:
 
     def __post_init__(self) -> None:
         # Bad flags fail before any model loads.
+        super().__post_init__()
+        if self.tensor_parallel and self.drafter.startswith("route:"):
+            raise ValueError(
+                "a route picks its drafter by the speed each process measures, so under "
+                "--tensor-parallel the processes would draft differently: give one drafter"
+            )
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.batch_size > 1 and self.plot:
@@ -114,19 +121,14 @@ class BenchCommand:
         import torch
 
         from draftsmith.commands.drafter_spec import build_drafter, check_spec
-        from draftsmith.core.models import load_model
+        from draftsmith.core.parallel import is_main_process, placement
         from draftsmith.decoding import SpeculativeDecoder
-        from draftsmith.decoding.benchmark import (
-            Benchmark,
-            format_divergence,
-            format_table,
-            load_prompts,
-        )
+        from draftsmith.decoding.benchmark import Benchmark, load_prompts
         from draftsmith.decoding.lossy import build_verifier
 
         prompts = load_prompts(self.prompts, self.limit)
         check_spec(self.drafter)  # a bad drafter fails before the target loads
-        target, tokenizer = load_model(self.target, dtype=self.dtype)
+        target, tokenizer = self.load_target(self.target, self.dtype)
         built = build_drafter(self.drafter, target, tokenizer, dtype=self.dtype)
         policy = self.build_policy(target, built.acceptance)
         verifier = build_verifier(self.verify, self.verify_threshold)
@@ -148,26 +150,36 @@ class BenchCommand:
         report = bench.run(prompts)
         report["config"] = {
             **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()},
+            "placement": placement(target) or "one device",
             "torch_threads": torch.get_num_threads(),
             "command": " ".join(["draftsmith", *sys.argv[1:]]),
         }
+        if self.plot:
+            from draftsmith.decoding.sweep import tree_size_sweep
+
+            report["tree_sweep"] = tree_size_sweep(bench, prompts, policy.tree or AUTO_TREE)
+        if is_main_process():  # under tensor parallel every process decoded alike: one reports
+            self.write_report(report)
+        return report
+
+    def write_report(self, report: dict) -> None:
+        """Print the report's table and divergences; write its plot and JSON where asked."""
+        from draftsmith.decoding.benchmark import format_divergence, format_table
+
         print(format_table(report))
         if "hf_assisted" in report:
             print(f"Hugging Face assisted generation: {report['hf_assisted']}")
         for d in report["overall"]["divergences"]:
             print(format_divergence(d))
         if self.plot:
-            from draftsmith.decoding.sweep import plot_tree_sweep, tree_size_sweep
+            from draftsmith.decoding.sweep import plot_tree_sweep
 
-            sweep = tree_size_sweep(bench, prompts, policy.tree or AUTO_TREE)
-            report["tree_sweep"] = sweep
-            plot_tree_sweep(sweep, report["overall"], self.plot)
+            plot_tree_sweep(report["tree_sweep"], report["overall"], self.plot)
             print(f"wrote {self.plot}")
         if self.json:
             self.json.parent.mkdir(parents=True, exist_ok=True)
             self.json.write_text(json.dumps(report, indent=2) + "\n")
             print(f"wrote {self.json}")
-        return report
 
     def build_policy(self, target=None, acceptance=None):
         """The --policy with its options, the drafter's acceptance model and, for cost-aware, the
@@ -224,16 +236,19 @@ def parse_tree(spec: str) -> TreeShape | Literal["auto"] | None:
 def cost_curve(target, name: str):
     """The target's stored verification cost on this device (`draftsmith profile`), measured and
     stored now when there is none."""
+    from draftsmith.core.parallel import is_main_process, placement
     from draftsmith.decoding.profile import CostCurve, profile_target
 
-    path = CostCurve.default_path(name, target.dtype, str(target.device))
+    path = CostCurve.default_path(name, target.dtype, str(target.device), placement(target))
     if path.is_file():
         return CostCurve.load(path)
-    print(f"measuring {name}'s verification cost for --tree auto (once; kept in {path})")
+    if is_main_process():
+        print(f"measuring {name}'s verification cost for --tree auto (once; kept in {path})")
     positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 4096
     max_tokens = AUTO_TREE.max_tokens + 1
     curve = profile_target(
         target, max_tokens=max_tokens, context=min(256, positions - max_tokens), name=name
     )
-    curve.save(path)
+    if is_main_process():
+        curve.save(path)
     return curve

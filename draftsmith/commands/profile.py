@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftsmith.commands.placement import TargetPlacement
 from draftsmith.core.models import Dtype
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(kw_only=True)
-class ProfileCommand:
+class ProfileCommand(TargetPlacement):
     """Measure how long one target forward of n new tokens takes after a cached context, for n
     from 1 to --max-tokens, and save the curve as JSON: the decoder reads it to choose the draft
     size that gives the most accepted tokens per second on this device. Given a drafter, its cost
@@ -44,13 +45,17 @@ class ProfileCommand:
         import torch
 
         from draftsmith.commands.drafter_spec import build_drafter, check_spec
-        from draftsmith.core.models import load_model
+        from draftsmith.core.parallel import is_main_process, placement
         from draftsmith.decoding.profile import CostCurve, profile_target
 
         if self.drafter:
             check_spec(self.drafter)  # a bad drafter fails before the target loads
-        model, tokenizer = load_model(self.target, dtype=self.dtype)
-        print(f"timing {self.target} on {model.device} ({model.dtype}) ...")
+        model, tokenizer = self.load_target(self.target, self.dtype)
+        spread = placement(model)
+        report = is_main_process()  # under tensor parallel every process times, one reports
+        if report:
+            where = f"{model.device}, {spread}" if spread else model.device
+            print(f"timing {self.target} on {where} ({model.dtype}) ...")
         curve = profile_target(
             model,
             max_tokens=self.max_tokens,
@@ -62,10 +67,11 @@ class ProfileCommand:
             drafter = build_drafter(self.drafter, model, tokenizer, dtype=self.dtype).drafter
             curve.draft_step_s = _draft_step(model, drafter, self.context, self.repeats)
             curve.drafter = self.drafter
-        out = self.out or CostCurve.default_path(self.target, curve.dtype, curve.device)
-        curve.save(out)
-        print(format_curve(curve))
-        print(f"wrote {out} (torch threads: {torch.get_num_threads()})")
+        if report:
+            out = self.out or CostCurve.default_path(self.target, curve.dtype, curve.device, spread)
+            curve.save(out)
+            print(format_curve(curve))
+            print(f"wrote {out} (torch threads: {torch.get_num_threads()})")
         return curve
 
 

@@ -40,7 +40,7 @@ def load_model(
     *,
     dtype: str = "auto",
     device: str | None = None,
-    device_map: DeviceMap | None = None,
+    device_map: DeviceMap | Literal["auto"] | None = None,
     tensor_parallel: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode.
@@ -48,7 +48,7 @@ def load_model(
     name_or_path: a zoo name (fetched on first use), a local folder or a hub id.
     dtype: float32, bfloat16, float16, or auto (the checkpoint's own precision).
     device_map: split the layers over devices (see `draftsmith.core.parallel`); checked
-        before the weights load.
+        before the weights load. "auto": transformers' own placement.
     tensor_parallel: shard every layer over the processes torchrun started (transformers'
         ``tp_plan="auto"``); checked against the model's head counts first.
     """
@@ -60,7 +60,9 @@ def load_model(
     logger.info("loading %s from %s (%s)", name_or_path, path, dtype)
     placement: dict = {}
     try:
-        if device_map is not None:
+        if device_map == "auto":
+            placement = {"device_map": "auto"}
+        elif device_map is not None:
             config = AutoConfig.from_pretrained(path)
             with torch.device("meta"):
                 check_device_map(AutoModelForCausalLM.from_config(config), device_map)

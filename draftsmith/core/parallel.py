@@ -27,6 +27,9 @@ __all__ = [
     "DeviceMap",
     "check_device_map",
     "check_tensor_parallel",
+    "is_main_process",
+    "placement",
+    "shards_agree",
     "split_device_map",
     "tensor_parallel_world_size",
 ]
@@ -71,6 +74,34 @@ def check_tensor_parallel(
         f"count in {works} (torchrun --nproc_per_node N), or split the layers over devices with "
         "a device map instead"
     )
+
+
+def is_main_process() -> bool:
+    """Whether this process is the one that reports: the only one, or rank 0 of torchrun's."""
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+def shards_agree(model: PreTrainedModel, values: Sequence[float]) -> list[float]:
+    """`values` at their largest over the processes a tensor-parallel `model` is sharded over
+    (as given for a model on one process). A process that sized its next draft by its own clock
+    would verify another number of tokens than the others, and their collective forwards would
+    no longer match."""
+    if (getattr(model, "tp_size", None) or 1) == 1:
+        return list(values)
+    # On the model's device: NCCL reduces accelerator tensors only.
+    agreed = torch.tensor(values, dtype=torch.float64, device=model.device)
+    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+    return agreed.tolist()
+
+
+def placement(model: PreTrainedModel) -> str:
+    """How `model` spreads over devices, for naming what is measured on it: "" on one device,
+    "tp2" sharded over two processes, "2-devices" for a device map over two."""
+    tp_size = getattr(model, "tp_size", None) or 1
+    if tp_size > 1:
+        return f"tp{tp_size}"
+    devices = set(getattr(model, "hf_device_map", {"": None}).values())
+    return f"{len(devices)}-devices" if len(devices) > 1 else ""
 
 
 def split_device_map(config: PretrainedConfig, devices: Sequence[str | int]) -> dict[str, str]:
