@@ -1,70 +1,68 @@
 #!/usr/bin/env bash
 # Issue 15's figures: Qwen2.5-Coder-0.5B distilled toward the 1.5B
-# (recipes/qwen2.5-coder-1.5b/draft-model.yaml) against the undistilled 0.5B, greedy bf16, on the
-# bundled held-out code prompts and on its chat and prose prompts:
-#   bash benchmarks/distilled/run.sh
-# Every step resumes or skips what is already written (regeneration resumes its jsonl, training
-# its checkpoints), so a killed run is continued by running it again. ON_POLICY=1 adds the 0.5B's
-# own samples (DistillSpec) to the training data. Hours on a 2-core CPU.
+# (recipes/qwen2.5-coder-1.5b/draft-model.yaml) against the undistilled 0.5B, greedy, side by side
+# in one run (every bundled prompt decoded by plain generate, then by each draft and policy):
+#   bash benchmarks/distilled/run.sh          # the recipe as written: bf16, the 1.5B's own words
+#   CPU=1 bash benchmarks/distilled/run.sh    # what a 2-core CPU affords (about 90 minutes)
+# CPU=1 runs float32 in one process on on-policy data alone (the 0.5B's samples continuing 64 chat
+# and 48 stdlib training windows, scored by the 1.5B as it trains: DistillSpec's on-policy
+# distillation), 120 steps of 256 tokens, 64 new tokens per bench prompt. Without it, ON_POLICY=1
+# adds the 0.5B's samples to the 1.5B's regenerated data. Every step resumes or skips what is
+# already written (regeneration resumes its jsonl, training its checkpoints).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=benchmarks/distilled
 data=runs/data/qwen2.5-coder-1.5b
 run=${RUN:-runs/qwen2.5-coder-1.5b-draft-model}
-target=(--target qwen2.5-coder-1.5b --dtype bfloat16 --max-new-tokens 128 --batch-size 16)
+dtype=$([ "${CPU:-0}" = 1 ] && echo float32 || echo bfloat16)
+writer=(--target qwen2.5-coder-1.5b --dtype $dtype --max-new-tokens 128 --batch-size 16)
+on_policy=(--draft qwen2.5-coder-0.5b --sample --split train --prompts-per-document 2)
 
-for split in train heldout; do
-    records=$([ $split = train ] && echo 1024 || echo 64)
-    draftsmith regenerate "${target[@]}" --source stdlib --split $split --max-records $records \
-        --prompts-per-document 2 --out $data/stdlib-$split-continued.jsonl
-    draftsmith regenerate "${target[@]}" --source chitchat-transcripts --split $split \
-        --max-records $((records / 2)) --prompts-per-document 2 \
-        --out $data/chitchat-$split-continued.jsonl
-    draftsmith regenerate "${target[@]}" --source chitchat --split $split --max-turns 2 \
-        --max-records $((records / 2)) --out $data/chitchat-$split-answers.jsonl
-done
-overrides=()
-if [ "${ON_POLICY:-0}" = 1 ]; then
-    draftsmith regenerate "${target[@]}" --draft qwen2.5-coder-0.5b --sample --source stdlib \
-        --split train --max-records 1024 --prompts-per-document 2 \
+if [ "${CPU:-0}" = 1 ]; then
+    draftsmith regenerate "${writer[@]}" "${on_policy[@]}" --source chitchat-transcripts \
+        --max-records 64 --out $data/chitchat-train-onpolicy.jsonl
+    draftsmith regenerate "${writer[@]}" "${on_policy[@]}" --source stdlib --max-records 48 \
         --out $data/stdlib-train-onpolicy.jsonl
-    sources=$data/stdlib-train-continued.jsonl,$data/chitchat-train-continued.jsonl
-    sources=$sources,$data/chitchat-train-answers.jsonl,$data/stdlib-train-onpolicy.jsonl
-    overrides=("data.source=[$sources]")
+    # Held-out evaluation on the raw held-out documents: the 1.5B's regenerated ones cost hours.
+    draftsmith train recipes/qwen2.5-coder-1.5b/draft-model.yaml output_dir=$run \
+        target_dtype=float32 mixed_precision=no \
+        "data.source=[$data/chitchat-train-onpolicy.jsonl,$data/stdlib-train-onpolicy.jsonl]" \
+        data.seq_len=256 "eval_data.source=[stdlib,chitchat-transcripts]" eval_data.seq_len=256 \
+        max_steps=120 grad_accum=1 warmup_steps=8 eval_every=120 eval_batches=8 \
+        checkpoint_every=40
+    new_tokens=64
+else
+    for split in train heldout; do
+        records=$([ $split = train ] && echo 1024 || echo 64)
+        draftsmith regenerate "${writer[@]}" --source stdlib --split $split \
+            --max-records $records --prompts-per-document 2 \
+            --out $data/stdlib-$split-continued.jsonl
+        draftsmith regenerate "${writer[@]}" --source chitchat-transcripts --split $split \
+            --max-records $((records / 2)) --prompts-per-document 2 \
+            --out $data/chitchat-$split-continued.jsonl
+        draftsmith regenerate "${writer[@]}" --source chitchat --split $split --max-turns 2 \
+            --max-records $((records / 2)) --out $data/chitchat-$split-answers.jsonl
+    done
+    overrides=()
+    if [ "${ON_POLICY:-0}" = 1 ]; then
+        draftsmith regenerate "${writer[@]}" "${on_policy[@]}" --source stdlib \
+            --max-records 1024 --out $data/stdlib-train-onpolicy.jsonl
+        sources=$data/stdlib-train-continued.jsonl,$data/chitchat-train-continued.jsonl
+        sources=$sources,$data/chitchat-train-answers.jsonl,$data/stdlib-train-onpolicy.jsonl
+        overrides=("data.source=[$sources]")
+    fi
+    accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
+        recipes/qwen2.5-coder-1.5b/draft-model.yaml output_dir=$run "${overrides[@]}"
+    new_tokens=128
 fi
-
-# TRAIN_ARGS: more key=value overrides; ONE_PROCESS=1 trains in this process. On a CPU without
-# bf16 units: ONE_PROCESS=1 TRAIN_ARGS="target_dtype=float32 mixed_precision=no".
-launch=(accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py)
-[ "${ONE_PROCESS:-0}" = 1 ] && launch=(draftsmith train)
-"${launch[@]}" recipes/qwen2.5-coder-1.5b/draft-model.yaml output_dir=$run "${overrides[@]}" \
-    ${TRAIN_ARGS:-}
 cp $run/metrics.jsonl $out/train_metrics.jsonl
 
-# The bundled prompts: 8 held-out stdlib functions, then 4 chat and 4 prose lines.
-python - <<'PY'
-import json
-from importlib.resources import files
-
-lines = files("draftsmith.decoding").joinpath("bench_prompts.jsonl").read_text().splitlines()
-with open("benchmarks/distilled/prompts_code.jsonl", "w") as code, open(
-    "benchmarks/distilled/prompts_chat_prose.jsonl", "w"
-) as other:
-    for line in lines:
-        (code if json.loads(line).get("workload") == "code" else other).write(line + "\n")
-PY
-# Both drafts on raw confidence (the threshold policy of benchmarks/README.md's Qwen runs), back
-# to back per workload; then the distilled one again once calibrated.
-bench=(--target qwen2.5-coder-1.5b --dtype bfloat16 --draft-tokens 12 --min-path-confidence 0.4)
-for workload in code chat_prose; do
-    draftsmith bench "${bench[@]}" --prompts $out/prompts_$workload.jsonl \
-        --drafter draft-model:qwen2.5-coder-0.5b --json $out/undistilled_$workload.json
-    draftsmith bench "${bench[@]}" --prompts $out/prompts_$workload.jsonl \
-        --drafter artifact:$run/drafter --json $out/distilled_$workload.json
-done
-draftsmith calibrate $run/drafter --target qwen2.5-coder-1.5b --dtype bfloat16 \
-    --data $data/stdlib-heldout-continued.jsonl
-for workload in code chat_prose; do
-    draftsmith bench "${bench[@]}" --prompts $out/prompts_$workload.jsonl \
-        --drafter artifact:$run/drafter --json $out/distilled_calibrated_$workload.json
-done
+# The bundled prompts (8 held-out stdlib functions, 4 chat and 4 prose lines); both drafts under
+# the threshold policy on raw confidence (benchmarks/README.md's Qwen runs) and under the default.
+draft="min_path_confidence=0.4,max_draft_tokens=12"
+python scripts/compare_policies.py --target qwen2.5-coder-1.5b --dtype $dtype \
+    --drafter draft-model:qwen2.5-coder-0.5b --max-new-tokens $new_tokens \
+    --prompts decoding/bench_prompts.jsonl \
+    --policy "threshold:$draft" --policy "threshold:$draft,artifact=$run/drafter" \
+    --policy cost-aware --policy "cost-aware:artifact=$run/drafter" \
+    --json $out/compare_$dtype.json
