@@ -289,6 +289,18 @@ def test_reduced_vocabulary_heads_draft_the_most_frequent_training_targets(targe
     assert head.dtype == torch.float32  # master weights, whatever the target config's dtype
 
 
+def test_evaluation_reads_eval_batches_of_rows_even_from_its_own_held_out_data(tmp_path, corpus):
+    held_out = {"source": str(corpus), "split": "heldout", "seq_len": 64}
+    config = config_of(recipe(corpus, tmp_path, eval_data=held_out), tmp_path)
+    assert config.held_out_data().max_tokens == 2 * 4 * 64  # eval_batches * batch_size rows
+    default = config_of(recipe(corpus, tmp_path), tmp_path).held_out_data()
+    assert (default.split, default.max_tokens) == ("heldout", 2 * 4 * 64)
+    capped = config_of(
+        recipe(corpus, tmp_path, eval_data={**held_out, "max_tokens": 640}), tmp_path
+    )
+    assert capped.held_out_data().max_tokens == 640  # a cap of its own stands
+
+
 def test_unknown_head_kind_is_a_clear_error(tmp_path, corpus, target, tokenizer):
     raw = recipe(corpus, tmp_path / "run", head="nope")
     with pytest.raises(ValueError, match="unknown drafter kind 'nope'"):

@@ -6,7 +6,7 @@ config = load_train_config("recipes/smollm2-135m/eagle3.yaml", ["max_steps=100"]
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +48,8 @@ class TrainConfig:
     data: DataConfig
     """Training rows (the `train` split); `data.seq_len` is the sequence length."""
     eval_data: DataConfig | None = None
-    """Held-out rows; None: `data` with split heldout, cut to eval_batches * batch_size rows."""
+    """Held-out rows (None: `data` with split heldout); without a max_tokens of their own, the
+    first eval_batches * batch_size of them (`held_out_data`)."""
     batch_size: int = 8
     """Rows per micro-batch on each process."""
     grad_accum: int = 1
@@ -123,6 +124,16 @@ class TrainConfig:
                 f"eval_data.seq_len ({self.eval_data.seq_len}) differs from data.seq_len "
                 f"({self.data.seq_len})"
             )
+
+    def held_out_data(self) -> DataConfig:
+        """What an evaluation reads: eval_data, or `data` with split heldout, cut to
+        eval_batches * batch_size rows unless it sets max_tokens itself (packing stops there, so
+        a whole held-out corpus is never tokenised, let alone run through the target)."""
+        held_out = self.eval_data or replace(self.data, split="heldout", max_tokens=None)
+        if held_out.max_tokens is not None:
+            return held_out
+        rows = self.eval_batches * self.batch_size
+        return replace(held_out, max_tokens=rows * held_out.seq_len)
 
     def _check_init_from(self) -> None:
         """init_from is an artifact of this recipe's head kind (checked before any model loads;

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from transformers import (
 from draftsmith.artifact import load_head, save_artifact
 from draftsmith.core.config import ConfigError, config_to_dict, save_config
 from draftsmith.core.models import load_model
-from draftsmith.data.documents import DataConfig, build_dataset
+from draftsmith.data.documents import build_dataset
 from draftsmith.heads import DraftHead, build_head, fit_draft_vocab  # registers every kind
 from draftsmith.train.acceptance import build_acceptance_head
 from draftsmith.train.checkpoint import (
@@ -144,7 +144,7 @@ class Trainer:
         acceptance = None
         if config.acceptance_head is not None:
             acceptance = build_acceptance_head(head, config.acceptance_head).to(acc.device)
-        eval_rows = packed_rows(build_dataset(self._eval_data(), tokenizer))
+        eval_rows = packed_rows(build_dataset(self.config.held_out_data(), tokenizer))
         self.eval_source = OnlineFeatures(self.target, layers, *eval_rows)
         self.sampler = EpochSampler(
             len(self.train_source),
@@ -202,13 +202,6 @@ class Trainer:
                 f"feature cache: wrote {rows:,} rows in {seconds:.0f} s, {tokens / seconds:,.0f} tokens/s"
             )
         return CachedFeatures(self.target, layers, FeatureCache(self.config.feature_cache))
-
-    def _eval_data(self) -> DataConfig:
-        config = self.config
-        if config.eval_data is not None:
-            return config.eval_data
-        rows = config.eval_batches * config.batch_size
-        return replace(config.data, split="heldout", max_tokens=rows * config.data.seq_len)
 
     def _optimizer(self, module: torch.nn.Module) -> torch.optim.Optimizer:
         """AdamW over `module`'s trainable parameters; weight decay on matrices only (never on
