@@ -169,7 +169,10 @@ def _round(committed: int, round_s: float, drafted: int = 4) -> RoundOutcome:
 
 
 def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_rounds=2, first_backoff=2)
+    # A budget that any probe's loss fits: the doubling alone sets the plain stretches.
+    policy = CostAwarePolicy(
+        cost=_curve([1.0] * 10), min_rounds=2, first_backoff=2, probe_budget=1.0
+    )
     losing = _round(committed=1, round_s=1.5)  # 0.67 tokens/s against plain's 1.0
     for _ in range(2):
         assert policy.shape().max_tokens > 0
@@ -193,7 +196,9 @@ def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
 
 
 def test_a_plain_stretch_runs_on_into_the_next_request():
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_rounds=1, first_backoff=3)
+    policy = CostAwarePolicy(
+        cost=_curve([1.0] * 10), min_rounds=1, first_backoff=3, probe_budget=1.0
+    )
     policy.observe(_round(committed=1, round_s=1.5))  # lost: 3 plain rounds
     policy.observe(_round(committed=1, round_s=1.0, drafted=0))
     policy.start()  # a new request: the drafter would have to read its prompt to probe
@@ -202,6 +207,22 @@ def test_a_plain_stretch_runs_on_into_the_next_request():
         shapes.append(policy.shape().max_tokens)
         policy.observe(_round(committed=1, round_s=1.0, drafted=0))
     assert shapes == [0, 0, 8]
+
+
+def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_of():
+    policy = CostAwarePolicy(
+        cost=_curve([1.0] * 10), min_rounds=2, first_backoff=2, probe_budget=0.05
+    )
+    # The probe's first round has the drafter catch up on the prompt (3 s of drafting), the
+    # second commits one token for 0.1 s of drafting: 3.1 s lost against 1 s plain steps.
+    policy.observe(RoundOutcome(Draft(tokens=torch.arange(4)), [], draft_s=3.0, round_s=4.0))
+    policy.observe(RoundOutcome(Draft(tokens=torch.arange(4)), [], draft_s=0.1, round_s=1.1))
+    stretch = 0
+    while not policy.speculating:
+        assert policy.shape().max_tokens == 0
+        policy.observe(_round(committed=1, round_s=1.0, drafted=0))
+        stretch += 1
+    assert stretch == 62  # 3.1 s is 5% of 62 plain seconds; the doubling alone would give 2
 
 
 def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
@@ -277,6 +298,7 @@ def test_every_policy_keeps_greedy_output_identical(llama, name):
         ("adaedl", {"gamma": -1.0}, "gamma"),
         ("cm-asd", {"alpha": 2.0}, "alpha"),
         ("cost-aware", {"max_backoff": 1, "first_backoff": 4}, "first_backoff"),
+        ("cost-aware", {"probe_budget": 0.0}, "probe_budget"),
         ("fixed", {"min_path_confidence": 0.4}, "takes no option"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel
@@ -89,6 +90,12 @@ class CostAwarePolicy(DraftPolicy):
     to `max_backoff`), one that wins resumes speculation. A plain stretch runs on into the next
     request: a probe there would first have the drafter read the whole prompt, a cost plain
     decoding never pays.
+
+    What a probe costs bounds how often it runs: the seconds its rounds lost against plain
+    decoding of the tokens they committed (the drafter's catching up on the prompt and the plain
+    stretch included: for a draft model that is a prefill of its own) buy a plain stretch at
+    least long enough that they are `probe_budget` of its time. A drafter that is slow to catch
+    up is probed rarely, so probing never costs more than that share of plain decoding's speed.
     """
 
     name = "cost-aware"
@@ -99,7 +106,9 @@ class CostAwarePolicy(DraftPolicy):
     first_backoff: int = 4
     """Plain rounds after speculation first loses."""
     max_backoff: int = 64
-    """Longest plain stretch between probes."""
+    """Longest plain stretch the doubling reaches (a probe that lost more buys a longer one)."""
+    probe_budget: float = 0.02
+    """Most share of plain decoding's time that losing probes may cost."""
     smoothing: float = 0.3
     """Weight of the newest round in the moving averages of rates and costs."""
     _draft_cost: _DraftCost = field(init=False, repr=False)
@@ -116,6 +125,8 @@ class CostAwarePolicy(DraftPolicy):
     """The previous round of this request drafted: the drafter had caught up, so this round's
     drafting time measures drafting alone (not the prompt or a plain stretch)."""
     _spec_rounds: int = field(default=0, init=False, repr=False)
+    _spec_lost_s: float = field(default=0.0, init=False, repr=False)
+    """Seconds the speculative rounds since the last judgement lost against plain decoding."""
     _plain_left: int = field(default=0, init=False, repr=False)
     _backoff: int = field(default=0, init=False, repr=False)
 
@@ -128,6 +139,8 @@ class CostAwarePolicy(DraftPolicy):
             )
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
+        if not 0.0 < self.probe_budget <= 1.0:
+            raise ValueError(f"probe_budget must be in (0, 1], got {self.probe_budget}")
         # Machine costs, and whether and how long speculation has been losing, carry over
         # between requests.
         self._draft_cost = _DraftCost(self.smoothing)
@@ -146,6 +159,7 @@ class CostAwarePolicy(DraftPolicy):
         self._spec_tokens = _MovingAverage(self.smoothing)
         self._spec_round_s = _MovingAverage(self.smoothing)
         self._spec_rounds = 0
+        self._spec_lost_s = 0.0
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -251,16 +265,20 @@ class CostAwarePolicy(DraftPolicy):
         if self._drafted and self._drafted_before:
             self._draft_cost.add(self._drafted, outcome.draft_s)
         self._drafted_before = self._drafted > 0
+        round_s = outcome.draft_s + self.verify_s(verified)
         self._spec_tokens.add(outcome.committed)
-        self._spec_round_s.add(outcome.draft_s + self.verify_s(verified))
+        self._spec_round_s.add(round_s)
+        self._spec_lost_s += round_s - outcome.committed * self.verify_s(1)
         self._spec_rounds += 1
         if self._spec_rounds < self.min_rounds:
             return
         if self.speculation_rate() >= self.plain_rate():
             self._backoff = self.first_backoff
+            self._spec_lost_s = 0.0
             return
         # Slower than plain: decode plainly for a while, then probe afresh for min_rounds.
-        self._plain_left = self._backoff
+        paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * self.verify_s(1)))
+        self._plain_left = max(self._backoff, paid_for)
         self._backoff = min(2 * self._backoff, self.max_backoff)
         self._reset_speculation()
 
