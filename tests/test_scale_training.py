@@ -1,6 +1,7 @@
 """Training at scale on two CPU processes (gloo): the FSDP accelerate config trains, checkpoints
-sharded, exports, and resumes at another number of processes; the feature cache is written
-once across the ranks and read whole by each; the DeepSpeed config is at least well-formed.
+(full state dicts in safetensors), exports, and resumes at another number of processes or in a
+replicated run; the feature cache is written once across the ranks and read whole by each; the
+DeepSpeed config is at least well-formed.
 
 Each launch is a real `accelerate launch` of scripts/train.py on a tiny random Llama saved to
 disk (an EAGLE-3 head, two steps): slow-ish (20-40 s each on a loaded 2-core machine).
@@ -92,11 +93,6 @@ def one(setup, two) -> tuple[Path, str]:
     )
 
 
-def shards(folder: Path) -> list[str]:
-    """The per-rank files of a sharded (torch.distributed.checkpoint) folder."""
-    return sorted(p.name for p in folder.glob("*.distcp"))
-
-
 def artifact_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "drafter" / "model.safetensors"))
 
@@ -106,13 +102,26 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert all(torch.equal(a[name], b[name]) for name in a), "the weights differ"
 
 
-def test_fsdp_trains_checkpoints_sharded_and_exports_on_two_processes(setup, two):
+def files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_fsdp_trains_checkpoints_and_exports_on_two_processes(setup, two):
     root, _ = setup
     out, stdout = two
     assert "2 process(es) (FSDP)" in stdout  # not silently DDP, as Accelerate alone does on CPU
     step = out / "checkpoints/step_2"
-    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):  # one shard per rank
-        assert shards(step / folder) == ["__0_0.distcp", "__1_0.distcp"]
+    # safetensors and JSON only (no pickled .distcp / .metadata); the RNGs one file pair per rank
+    assert files(step) == [
+        "model.safetensors", "optimizer.json", "optimizer.safetensors", "rng_0.json",
+        "rng_0.safetensors", "rng_1.json", "rng_1.safetensors", "scheduler.json",
+        "trainer_state.json",
+    ]  # fmt: skip
+    # the gathered weights are whole, as the export's
+    assert_same_weights(
+        artifact_weights(out),
+        {k.removeprefix("head."): v for k, v in load_file(step / "model.safetensors").items()},
+    )
     assert json.loads((step / "trainer_state.json").read_text())["num_processes"] == 2
     losses = [r["loss"] for r in metrics(out, "train")]
     assert len(losses) == 2 and all(map(torch.isfinite, torch.tensor(losses)))
@@ -131,7 +140,10 @@ def test_a_two_process_checkpoint_resumes_at_one_process(setup, two, one):
     assert "resuming from" in stdout and "(step 2)" in stdout
     assert "1 process(es) (FSDP)" in stdout
     assert [r["step"] for r in metrics(out, "train")] == [1, 2, 3]
-    assert shards(out / "checkpoints/step_3/pytorch_model_fsdp_0") == ["__0_0.distcp"]
+    assert [f for f in files(out / "checkpoints/step_3") if f.startswith("rng_")] == [
+        "rng_0.json",
+        "rng_0.safetensors",
+    ]
     assert json.loads((out / "drafter/config.json").read_text())["training"]["steps"] == 3
     # The step after the load started from the two-process weights: its loss is that of the
     # two-process export on the same rows, recomputed here in one plain process.
@@ -161,13 +173,26 @@ def test_a_one_process_checkpoint_resumes_at_two_and_loads_exactly(setup, one):
     assert_same_weights(artifact_weights(one[0]), artifact_weights(out))
 
 
-def test_a_sharded_checkpoint_is_refused_by_a_replicated_run_with_the_fix(setup, two):
+def test_an_fsdp_checkpoint_resumes_in_a_replicated_run(setup, two, one, capsys):
+    """A plain one-process run resumed from the two-process FSDP checkpoint takes the step the
+    one-process FSDP run took: the same loss (the weights loaded) and the same weights after it
+    (the optimizer state loaded: a fresh AdamW's first step would differ)."""
     root, path = setup
-    out = root / "to-ddp"
+    out = root / "to-replicated"
     shutil.copytree(two[0], out)
-    config = load_train_config(path, [f"output_dir={out}", "resume=true", "max_steps=3"])
-    with pytest.raises(ValueError, match="holds FSDP-sharded weights but this run is replicated"):
-        Trainer(config).fit()
+    shutil.rmtree(out / "drafter")
+    overrides = [f"output_dir={out}", "resume=true", "max_steps=3", "batch_size=2"]  # as `one`
+    trainer = Trainer(load_train_config(path, overrides))
+    assert trainer.accelerator.distributed_type == DistributedType.NO
+    trainer.fit()
+    assert "written by 2 process(es), resumed by 1" in capsys.readouterr().out
+    assert metrics(out, "train")[-1]["loss"] == pytest.approx(
+        metrics(one[0], "train")[-1]["loss"], rel=1e-5
+    )
+    replicated, sharded = artifact_weights(out), artifact_weights(one[0])
+    assert replicated.keys() == sharded.keys()
+    for name in replicated:
+        torch.testing.assert_close(replicated[name], sharded[name])
 
 
 def test_the_feature_cache_is_written_once_across_ranks_and_read_whole(tmp_path):

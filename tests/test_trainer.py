@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from accelerate import Accelerator
 from conftest import tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -30,7 +31,12 @@ from draftsmith.heads import DraftHead, build_head, drafter_class, fit_draft_voc
 from draftsmith.heads.blocks import seeded
 from draftsmith.heads.eagle3 import Eagle3Head
 from draftsmith.heads.trainable import StepsConfig
-from draftsmith.train.checkpoint import latest_checkpoint
+from draftsmith.train.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from draftsmith.train.config import load_train_config as load_config
 from draftsmith.train.sampler import EpochSampler
 from draftsmith.train.trainer import FIT_SAMPLE_ROWS, Trainer, train
@@ -234,14 +240,93 @@ def test_resume_continues_exactly(tmp_path, corpus, target, tokenizer, monkeypat
     assert metrics(tmp_path / "straight", "eval") == metrics(interrupted_dir, "eval")
 
 
-def test_checkpoints_are_complete_folders(tmp_path, corpus, target, tokenizer):
+def test_checkpoints_are_complete_folders_of_safetensors_and_json(
+    tmp_path, corpus, target, tokenizer
+):
     out = tmp_path / "run"
     raw = recipe(corpus, out, max_steps=4, checkpoint_every=2)
-    train(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
+    trainer = Trainer(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
+    trainer.fit()
     folders = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert folders == ["step_2", "step_4"]  # no .tmp left behind
-    assert (out / "checkpoints" / "step_4" / "model.safetensors").is_file()
-    assert json.loads((out / "checkpoints/step_4/trainer_state.json").read_text())["step"] == 4
+    step = out / "checkpoints" / "step_4"
+    assert sorted(p.name for p in step.iterdir()) == [
+        "model.safetensors",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "rng_0.json",
+        "rng_0.safetensors",
+        "scheduler.json",
+        "trainer_state.json",
+    ]  # nothing pickled
+    assert json.loads((step / "trainer_state.json").read_text())["step"] == 4
+    weights = load_file(step / "model.safetensors")
+    assert all(torch.equal(t, weights[n]) for n, t in trainer.module.state_dict().items())
+    optimizer = load_file(step / "optimizer.safetensors")
+    assert set(optimizer) == {
+        f"state.{name}.{entry}"
+        for name, _ in trainer.module.named_parameters()
+        for entry in ("step", "exp_avg", "exp_avg_sq")
+    }
+    assert float(optimizer["state.head.steps.0.weight.step"]) == 4
+    groups = json.loads((step / "optimizer.json").read_text())["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [trainer.config.weight_decay, 0.0]
+    assert json.loads((step / "scheduler.json").read_text())["last_epoch"] == 4
+
+
+def test_a_checkpoint_of_the_old_pickled_format_is_refused_with_the_fix(
+    tmp_path, corpus, target, tokenizer
+):
+    out = tmp_path / "run"
+    old = out / "checkpoints" / "step_2"
+    old.mkdir(parents=True)
+    record = {"step": 2, "train_seconds": 1.0, "train_tokens": 512, "num_processes": 1}
+    (old / "trainer_state.json").write_text(json.dumps(record))
+    for name in ("model.safetensors", "optimizer.bin", "random_states_0.pkl"):
+        (old / name).write_bytes(b"not loaded")
+    trainer = Trainer(config_of(recipe(corpus, out), tmp_path), target=target, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="optimizer.bin, random_states_0.pkl: the old format") as e:
+        trainer.fit()
+    assert "Start a new output_dir" in str(e.value)
+    assert trainer.state.step == 0
+
+
+def test_a_checkpoint_writes_tied_weights_once_and_refuses_a_state_that_is_not_json(tmp_path):
+    """Tied tensors (a draft model's embeddings and LM head) come back tied; a scheduler whose
+    state_dict() holds a tensor is a clear error, not a pickle."""
+    accelerator = Accelerator(cpu=True)
+    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
+    model[1].weight = model[0].weight
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model(torch.tensor([1, 2])).sum().backward()
+    optimizer.step()
+    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    folder = save_checkpoint(accelerator, tmp_path, TrainerState(step=1), **parts)
+    assert set(load_file(folder / "model.safetensors")) == {"0.weight"}
+    fresh = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
+    fresh[1].weight = fresh[0].weight
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    fresh_parts = {
+        "model": fresh,
+        "optimizer": fresh_optimizer,
+        "scheduler": torch.optim.lr_scheduler.LambdaLR(fresh_optimizer, lambda step: 1.0),
+    }
+    assert load_checkpoint(accelerator, folder, **fresh_parts).step == 1
+    assert torch.equal(fresh[1].weight, model[0].weight)
+    assert fresh[1].weight is fresh[0].weight
+
+    class TensorFactor:
+        def __init__(self):
+            self.factor = torch.tensor(1.0)
+
+        def __call__(self, step):
+            return float(self.factor)
+
+    parts["scheduler"] = torch.optim.lr_scheduler.LambdaLR(optimizer, TensorFactor())
+    with pytest.raises(ValueError, match="the LR scheduler's state_dict.. is not plain JSON"):
+        save_checkpoint(accelerator, tmp_path, TrainerState(step=2), **parts)
+    assert latest_checkpoint(tmp_path).name == "step_1"
 
 
 def test_feature_cache_trains_like_online(tmp_path, corpus, target, tokenizer):
@@ -481,7 +566,10 @@ def test_two_cpu_processes_with_accelerate_launch(tmp_path, corpus, target, toke
     assert written["training"]["num_processes"] == 2
     assert written["training"]["steps"] == 3
     state = tmp_path / "run/checkpoints/step_3"
-    assert {p.name for p in state.glob("random_states_*.pkl")} == {
-        "random_states_0.pkl",
-        "random_states_1.pkl",
+    assert {p.name for p in state.glob("rng_*")} == {
+        "rng_0.json",
+        "rng_0.safetensors",
+        "rng_1.json",
+        "rng_1.safetensors",
     }
+    assert all(p.suffix in (".json", ".safetensors") for p in state.iterdir())

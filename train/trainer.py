@@ -44,6 +44,7 @@ from draftsmith.heads import DraftHead, build_head, fit_draft_vocab  # registers
 from draftsmith.train.acceptance import build_acceptance_head
 from draftsmith.train.checkpoint import (
     TrainerState,
+    check_checkpointable,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -110,6 +111,8 @@ class Trainer:
             _mixed_precision(config.mixed_precision), log_with(config)
         )
         check_deepspeed(acc, config.grad_accum, config.clip_grad_norm)
+        if config.checkpoint_every:
+            check_checkpointable(acc)  # before training, not at the first checkpoint
         set_seed(config.seed)
         self.output_dir = Path(config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +164,6 @@ class Trainer:
         self.scheduler = get_cosine_schedule_with_warmup(
             self.optimizer, config.warmup_steps, config.max_steps
         )
-        acc.register_for_checkpointing(self.scheduler)
 
     # ---------------------------------------------------------------------------------------
     # setup
@@ -272,7 +274,7 @@ class Trainer:
             if config.eval_every and state.step % config.eval_every == 0 and not done:
                 self.run_log.log(state.step, "eval", self.evaluate())
             if config.checkpoint_every and state.step % config.checkpoint_every == 0:
-                save_checkpoint(acc, self.output_dir, state)
+                save_checkpoint(acc, self.output_dir, state, **self._checkpointed())
         progress.close()
         metrics = self.evaluate()
         self.run_log.log(state.step, "eval", metrics)
@@ -285,9 +287,14 @@ class Trainer:
         checkpoint = latest_checkpoint(self.output_dir) if self.config.resume else None
         if checkpoint is None:
             return None
-        self.state = load_checkpoint(self.accelerator, checkpoint)
+        self.state = load_checkpoint(self.accelerator, checkpoint, **self._checkpointed())
         self.accelerator.print(f"resuming from {checkpoint} (step {self.state.step})")
         return self.state.step
+
+    def _checkpointed(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the trainer state and the RNGs (the data order is a
+        function of the step)."""
+        return {"model": self.module, "optimizer": self.optimizer, "scheduler": self.scheduler}
 
     def _train_step(self, window: Totals) -> float | None:
         """One optimizer step over grad_accum micro-batches, their outputs added to `window`.
