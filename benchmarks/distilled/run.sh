@@ -3,10 +3,10 @@
 # (recipes/qwen2.5-coder-1.5b/draft-model.yaml) against the undistilled 0.5B, greedy, side by side
 # in one run (every bundled prompt decoded by plain generate, then by each draft and policy):
 #   bash benchmarks/distilled/run.sh          # the recipe as written: bf16, the 1.5B's own words
-#   CPU=1 bash benchmarks/distilled/run.sh    # what a 2-core CPU affords (about 90 minutes)
-# CPU=1 runs float32 in one process on on-policy data alone (the 0.5B's samples continuing 64 chat
+#   CPU=1 bash benchmarks/distilled/run.sh    # what a 2-core CPU affords (about 2 hours)
+# CPU=1 runs float32 in one process on on-policy data alone (the 0.5B's samples continuing 96 chat
 # and 48 stdlib training windows, scored by the 1.5B as it trains: DistillSpec's on-policy
-# distillation), 120 steps of 256 tokens, 64 new tokens per bench prompt. Without it, ON_POLICY=1
+# distillation), 160 steps of 256 tokens, 64 new tokens per bench prompt. Without it, ON_POLICY=1
 # adds the 0.5B's samples to the 1.5B's regenerated data. Every step resumes or skips what is
 # already written (regeneration resumes its jsonl, training its checkpoints).
 set -euo pipefail
@@ -20,7 +20,7 @@ on_policy=(--draft qwen2.5-coder-0.5b --sample --split train --prompts-per-docum
 
 if [ "${CPU:-0}" = 1 ]; then
     draftsmith regenerate "${writer[@]}" "${on_policy[@]}" --source chitchat-transcripts \
-        --max-records 64 --out $data/chitchat-train-onpolicy.jsonl
+        --max-records 96 --out $data/chitchat-train-onpolicy.jsonl
     draftsmith regenerate "${writer[@]}" "${on_policy[@]}" --source stdlib --max-records 48 \
         --out $data/stdlib-train-onpolicy.jsonl
     # Held-out evaluation on the raw held-out documents: the 1.5B's regenerated ones cost hours.
@@ -28,7 +28,7 @@ if [ "${CPU:-0}" = 1 ]; then
         target_dtype=float32 mixed_precision=no \
         "data.source=[$data/chitchat-train-onpolicy.jsonl,$data/stdlib-train-onpolicy.jsonl]" \
         data.seq_len=256 "eval_data.source=[stdlib,chitchat-transcripts]" eval_data.seq_len=256 \
-        max_steps=120 grad_accum=1 warmup_steps=8 eval_every=120 eval_batches=8 \
+        max_steps=160 grad_accum=1 warmup_steps=8 eval_every=160 eval_batches=8 \
         checkpoint_every=40
     new_tokens=64
 else
