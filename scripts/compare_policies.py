@@ -67,6 +67,7 @@ def main() -> None:
 
     # totals[workload][method]: every workload, and "overall".
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    per_prompt = []  # seconds of each method on each prompt, to tell one slow prompt from many
     for record, ids in zip(prompts, encoded, strict=True):
         groups = [totals[record["workload"]], totals["overall"]]
         torch.manual_seed(args.seed)
@@ -82,13 +83,14 @@ def main() -> None:
                 max_new_tokens=args.max_new_tokens,
                 pad_token_id=tokenizer.eos_token_id,
             )[0, ids.numel() :].tolist()
+        seconds = {"plain": time.perf_counter() - started}
         for group in groups:
-            group["plain"]["wall_s"] += time.perf_counter() - started
+            group["plain"]["wall_s"] += seconds["plain"]
             group["plain"]["tokens"] += len(plain)
         for name, decoder in decoders.items():
             started = time.perf_counter()
             out = decoder.generate(ids, max_new_tokens=args.max_new_tokens, **sampling)
-            wall = time.perf_counter() - started
+            wall = seconds[name] = time.perf_counter() - started
             for group in groups:
                 row = group[name]
                 row["wall_s"] += wall
@@ -97,12 +99,16 @@ def main() -> None:
                 row["drafted"] += out.stats.drafted
                 row["prompts"] += 1
                 row["identical"] += out.tokens == plain
+        per_prompt.append(
+            {"workload": record["workload"], "tokens": len(plain), "seconds": seconds}
+        )
 
     report = {
         "command": " ".join(["python", *sys.argv]),
         "greedy": args.temperature == 0,
         "torch_threads": torch.get_num_threads(),
         "workloads": {name: _summary(group, list(decoders)) for name, group in totals.items()},
+        "prompts": per_prompt,
     }
     for workload, summary in report["workloads"].items():
         print(f"\n{workload} (plain {summary['plain_tok_s']:.2f} tok/s)")

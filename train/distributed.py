@@ -5,7 +5,7 @@ into one MULTI_CPU (gloo) group (with `cpu=True`), but only ever runs plain data
 there: under `cpu=True` its state never sets FSDP or DeepSpeed, so an FSDP config on the CPU
 silently trains with DDP. PyTorch's FSDP2 (`fully_shard`) runs over gloo on the CPU, so a MULTI_CPU group
 launched with an FSDP config is switched to FSDP here: the CPU tests then run the same sharding,
-sharded checkpoints and gathered export as the GPUs. DeepSpeed is not switched (see the README):
+gathered checkpoints and export as the GPUs. DeepSpeed is not switched (see the README):
 under it the engine accumulates and clips, so `check_deepspeed` holds its config to the recipe.
 """
 
