@@ -95,7 +95,8 @@ class CostAwarePolicy(DraftPolicy):
     decoding of the tokens they committed (the drafter's catching up on the prompt and the plain
     stretch included: for a draft model that is a prefill of its own) buy a plain stretch at
     least long enough that they are `probe_budget` of its time. A drafter that is slow to catch
-    up is probed rarely, so probing never costs more than that share of plain decoding's speed.
+    up is probed rarely, so over a long run losing probes cost about that share of plain
+    decoding's time at most (the first probe, before any stretch, is paid in full).
     """
 
     name = "cost-aware"
