@@ -15,7 +15,7 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.tree import chain_parents
 from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RoundOutcome
 from draftsmith.decoding.verify import LosslessVerifier, Verifier
-from draftsmith.heads.base import Draft, Drafter
+from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, raw_acceptance
 
 
 @dataclass
@@ -158,8 +158,9 @@ class SpeculativeDecoder:
         forward per round; one result per prompt, in order. A string prompt needs a tokenizer;
         on_round, if given, is called after every verification with a `RoundRecord`.
 
-        Each row drafts with its own drafter (`Drafter.fork` of this decoder's) and accepts its
-        own number of tokens per round; a row that finished drops out of the batch. The policy is
+        Each row drafts with its own drafter (`Drafter.fork` of this decoder's, or one forward
+        for every row's chain where the kind can: `Drafter.chain_batch`) and accepts its own
+        number of tokens per round; a row that finished drops out of the batch. The policy is
         the batch's: one `shape` per round for every row (each row's chain may stop early by its
         own `stop_fn`), and every row's outcome is `observe`d with the round's timings. Row b
         samples from its own generator seeded `seed + b`, so its output is the one `generate`
@@ -179,21 +180,17 @@ class SpeculativeDecoder:
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer: pass tokenizer= to SpeculativeDecoder")
         started = time.perf_counter()
-        rows = [
-            _Row(i, drafter, _row_generator(seed, i), int(prompt[-1]))
-            for i, (prompt, drafter) in enumerate(
-                zip(ids, self._row_drafters(len(ids)), strict=True)
-            )
-        ]
+        rows = [_Row(i, _row_generator(seed, i), int(prompt[-1])) for i, prompt in enumerate(ids)]
+        drafters = self._row_drafters(len(rows))
         target = RaggedTarget(self.target, self.drafter.target_feature_layers, len(rows))
-        _prefill(target, ids, rows)
+        _prefill(target, ids, drafters)
         self.policy.start(self.target)
         active = rows
         while active:
             round_started = time.perf_counter()
-            drafts = self._drafts(active, max_new_tokens, sampling)
+            drafts = self._drafts(drafters, active, max_new_tokens, sampling)
             draft_s = time.perf_counter() - round_started
-            paths = self._verify(target, active, drafts, sampling, stop_strings, on_round)
+            paths = self._verify(target, drafters, active, drafts, sampling, stop_strings, on_round)
             round_s = time.perf_counter() - round_started
             draft_s, round_s = shards_agree(self.target, [draft_s, round_s])
             for draft, path in zip(drafts, paths, strict=True):
@@ -203,28 +200,32 @@ class SpeculativeDecoder:
                 active = [active[b] for b in still]
                 if active:
                     target.select(still)  # a finished row costs no more drafts or verification
+                    drafters.select([row.index for row in active])
         return [self._result(row) for row in rows]
 
-    def _drafts(self, active: list[_Row], max_new: int, sampling: SamplingParams) -> list[Draft]:
+    def _drafts(
+        self, drafters: RowDrafters, active: list[_Row], max_new: int, sampling: SamplingParams
+    ) -> list[Draft]:
         """Each active row's draft of the policy's shape this round, trimmed by the policy."""
         shape = self.policy.shape()
         # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
-        return [
-            self.policy.trim(
-                row.drafter.propose(
-                    shape.capped(max_new - len(row.generated) - 1),
-                    sampling,
-                    row.generator,
-                    self.policy.stop_fn(),
-                    self.policy.acceptance_fn(),
-                )
+        requests = [
+            DraftRequest(
+                shape.capped(max_new - len(row.generated) - 1),
+                sampling,
+                row.generator,
+                self.policy.stop_fn(),
+                self.policy.acceptance_fn() or raw_acceptance,
             )
             for row in active
         ]
+        drafts = drafters.propose([row.index for row in active], requests)
+        return [self.policy.trim(draft) for draft in drafts]
 
     def _verify(
         self,
         target: RaggedTarget,
+        drafters: RowDrafters,
         active: list[_Row],
         drafts: list[Draft],
         sampling: SamplingParams,
@@ -253,8 +254,10 @@ class SpeculativeDecoder:
             if on_round is not None:
                 on_round(RoundRecord(draft, row_logits, path, sampling, row.index))
             new_tokens = [*draft.tokens[path].tolist(), next_token]
-            row.drafter.commit(
-                torch.tensor(new_tokens), None if row_features is None else row_features[row_kept]
+            drafters.commit(
+                row.index,
+                torch.tensor(new_tokens),
+                None if row_features is None else row_features[row_kept],
             )
             row.generated.extend(new_tokens)
             row.last_token = next_token
@@ -269,11 +272,17 @@ class SpeculativeDecoder:
             tokens=row.generated, text=text, stats=row.stats, lossy=self.verifier.lossy
         )
 
-    def _row_drafters(self, count: int) -> list[Drafter]:
-        """This decoder's drafter and count - 1 forks of it, made once and kept for later batches."""
+    def _row_drafters(self, count: int) -> RowDrafters:
+        """The drafters of `count` rows: all drafting together where the drafter's kind can
+        (`Drafter.chain_batch`, chains only); else this decoder's drafter and count - 1 forks of
+        it, made once and kept for later batches."""
+        if count > 1 and self.policy.largest.is_chain:
+            together = self.drafter.chain_batch(count)
+            if together is not None:
+                return together
         while len(self._forks) < count - 1:
             self._forks.append(self.drafter.fork())
-        return [self.drafter, *self._forks[: count - 1]]
+        return RowDrafters([self.drafter, *self._forks[: count - 1]])
 
     def _prompt_ids(
         self, prompt_or_ids: str | Sequence[int] | torch.Tensor, max_new: int, name: str
@@ -317,7 +326,6 @@ class _Row:
     """One prompt's decoding state in a batch."""
 
     index: int
-    drafter: Drafter
     generator: torch.Generator | None
     last_token: int
     generated: list[int] = field(default_factory=list)
@@ -338,17 +346,17 @@ def _row_generator(seed: int | None, row: int) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(seed + row)
 
 
-def _prefill(target: RaggedTarget, ids: list[torch.Tensor], rows: list[_Row]) -> None:
+def _prefill(target: RaggedTarget, ids: list[torch.Tensor], drafters: RowDrafters) -> None:
     """Run every prompt but its last token through the target (the last opens the first round)
     and start each row's drafter on its prompt and those features."""
     features = [None] * len(ids)
     if max(p.numel() for p in ids) > 1:
         _, features = target.extend(
-            [p[:-1] for p in ids], [chain_parents(p.numel() - 1) for p in ids], logits=False
+            [p[:-1] for p in ids], [chain_parents(p.numel() - 1) for p in ids], logits="none"
         )
         target.keep([range(p.numel() - 1) for p in ids])
-    for prompt, row, row_features in zip(ids, rows, features, strict=True):
-        row.drafter.start(prompt, row_features if prompt.numel() > 1 else None)
+    for row, (prompt, row_features) in enumerate(zip(ids, features, strict=True)):
+        drafters.start(row, prompt, row_features if prompt.numel() > 1 else None)
 
 
 def check_context(

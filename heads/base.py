@@ -218,11 +218,13 @@ class Drafter(ABC):
         """
         if isinstance(shape, int):
             shape = TreeShape.chain(shape)
-        if shape.max_tokens == 0:
-            return Draft.empty()
-        return self.draft(
+        return self.propose_request(
             DraftRequest(shape, sampling, generator, stop, acceptance or raw_acceptance)
         )
+
+    def propose_request(self, request: DraftRequest) -> Draft:
+        """`propose` of a request built already: nothing for a shape of no tokens."""
+        return Draft.empty() if request.shape.max_tokens == 0 else self.draft(request)
 
     @abstractmethod
     def draft(self, request: DraftRequest) -> Draft:
@@ -237,6 +239,12 @@ class Drafter(ABC):
         raise ValueError(
             f"{name} cannot decode a batch: decode these prompts one at a time (batch size 1)"
         )
+
+    def chain_batch(self, rows: int) -> RowDrafters | None:
+        """The drafters of a batch of `rows` rows drafting chains, when this kind drafts every
+        row's chain in one forward per step; None (the default): each row drafts alone, with
+        `fork`s."""
+        return None
 
     def expose_states(self, hook: StatesHook | None) -> None:
         """Call hook with every batch of draft logits this drafter emits and the hidden states
@@ -255,6 +263,31 @@ class Drafter(ABC):
         target_features (n, F): the target's features for the previous newest token and the
         accepted draft tokens (one row per target position that was kept), or None.
         """
+
+
+class RowDrafters:
+    """The drafters of a batch's rows, addressed by row index: one `Drafter` per row, each
+    drafting alone. `Drafter.chain_batch` may give a subclass that drafts all rows together."""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        self.drafters = list(drafters)
+
+    def start(
+        self, row: int, prompt_ids: torch.Tensor, target_features: torch.Tensor | None
+    ) -> None:
+        """`Drafter.start` of row `row`."""
+        self.drafters[row].start(prompt_ids, target_features)
+
+    def propose(self, rows: Sequence[int], requests: Sequence[DraftRequest]) -> list[Draft]:
+        """One draft per row of `rows` (the rows still decoding, in order), for its request."""
+        return [self.drafters[r].propose_request(q) for r, q in zip(rows, requests, strict=True)]
+
+    def commit(self, row: int, tokens: torch.Tensor, target_features: torch.Tensor | None) -> None:
+        """`Drafter.commit` of row `row`."""
+        self.drafters[row].commit(tokens, target_features)
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Only `rows` (in that order) decode from now on; the others finished."""
 
 
 _REGISTRY: dict[str, type] = {}

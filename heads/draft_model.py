@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import PreTrainedModel
 
 from draftsmith.core.cache import cache_argument
-from draftsmith.core.tree import additive_mask
-from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
-from draftsmith.heads.state import DraftBuilder, OwnCache
+from draftsmith.core.ragged import RaggedTarget
+from draftsmith.core.target import TREE_ATTENTION
+from draftsmith.core.tree import additive_mask, chain_parents
+from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, register_drafter
+from draftsmith.heads.state import DraftBuilder, OwnCache, agreeing
 from draftsmith.heads.tree import DynamicTree, TreeRows
 
 
@@ -37,6 +41,12 @@ class DraftModelDrafter(Drafter):
 
     def fork(self) -> DraftModelDrafter:
         return DraftModelDrafter(self.model)
+
+    def chain_batch(self, rows: int) -> RowDrafters | None:
+        # The rows' caches differ in length, which needs a custom attention mask.
+        if self.model.config._attn_implementation not in TREE_ATTENTION:
+            return None
+        return BatchedDraftModel(self.model, rows)
 
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
@@ -91,3 +101,77 @@ class DraftModelDrafter(Drafter):
         self._committed.extend(tokens.tolist())
         # Keep the cached positions that agree with the committed sequence, drop the rest.
         self._own.keep(self._own.agreeing(self._committed))
+
+
+class BatchedDraftModel(RowDrafters):
+    """The draft model drafting every row's chain of a batch in one forward per step.
+
+    The rows share one ragged cache (`RaggedTarget` over the draft model), where each row keeps,
+    as `DraftModelDrafter` does alone, the positions that agree with its committed tokens: each
+    round a row runs what it has not cached (at least its newest token, rerun for its logits),
+    then one token per step while its chain goes on.
+    """
+
+    def __init__(self, model: PreTrainedModel, rows: int) -> None:
+        self.cache = RaggedTarget(model, (), rows)
+        self.order = list(range(rows))
+        """The batch row of each row of the cache (finished rows leave it)."""
+        self.committed: list[list[int]] = [[] for _ in range(rows)]
+        self.cached: list[list[int]] = [[] for _ in range(rows)]
+        """Per batch row, the token each of its cached positions was computed from."""
+
+    def start(
+        self, row: int, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None
+    ) -> None:
+        self.committed[row] = prompt_ids.tolist()
+
+    @torch.inference_mode()
+    def propose(self, rows: Sequence[int], requests: Sequence[DraftRequest]) -> list[Draft]:
+        if list(rows) != self.order:
+            raise ValueError(f"drafting rows {list(rows)}, but the batch holds {self.order}")
+        builders = [DraftBuilder(q) if q.shape.max_tokens else None for q in requests]
+        blocks = []
+        for row, builder in zip(rows, builders, strict=True):
+            if builder is None:
+                blocks.append([])
+                continue
+            committed = self.committed[row]
+            kept = min(agreeing(self.cached[row], committed), len(committed) - 1)
+            self._truncate(row, kept)
+            blocks.append(committed[kept:])
+        while any(blocks):
+            logits = self._run(blocks)
+            blocks = []
+            for builder, row_logits in zip(builders, logits, strict=True):
+                token = None if row_logits is None else builder.add(row_logits)
+                blocks.append([] if token is None or builder.done else [token])
+        return [Draft.empty() if b is None else b.draft() for b in builders]
+
+    def _run(self, blocks: list[list[int]]) -> list[torch.Tensor | None]:
+        """Run each row's block after its cached positions in one forward, keeping them all;
+        the logits (V,) after each non-empty block, None for an empty one."""
+        logits, _ = self.cache.extend(
+            [torch.tensor(b, dtype=torch.long) for b in blocks],
+            [chain_parents(len(b)) for b in blocks],
+            logits="last",
+        )
+        self.cache.keep([range(len(b)) for b in blocks])
+        for row, block in zip(self.order, blocks, strict=True):
+            self.cached[row].extend(block)
+        return [
+            row_logits[0] if len(b) else None for row_logits, b in zip(logits, blocks, strict=True)
+        ]
+
+    def commit(
+        self, row: int, tokens: torch.Tensor, target_features: torch.Tensor | None = None
+    ) -> None:
+        self.committed[row].extend(tokens.tolist())
+        self._truncate(row, agreeing(self.cached[row], self.committed[row]))
+
+    def select(self, rows: Sequence[int]) -> None:
+        self.cache.select([self.order.index(row) for row in rows])
+        self.order = list(rows)
+
+    def _truncate(self, row: int, length: int) -> None:
+        self.cache.truncate(self.order.index(row), length)
+        del self.cached[row][length:]

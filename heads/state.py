@@ -41,12 +41,7 @@ class OwnCache:
 
     def agreeing(self, sequence: Sequence[int], offset: int = 0) -> int:
         """How many leading rows were computed from sequence[offset + row]."""
-        count = 0
-        for cached, token in zip(self.tokens, sequence[offset:], strict=False):
-            if cached != token:
-                break
-            count += 1
-        return count
+        return agreeing(self.tokens, sequence[offset:])
 
     def gather(self, first: int, rows: Sequence[int]) -> None:
         """Keep the rows before `first` and then `rows` (ascending, >= first), in that order: a
@@ -64,6 +59,16 @@ class OwnCache:
             del self.tokens[rows:]
             if self.outputs is not None:
                 self.outputs = self.outputs[:rows]
+
+
+def agreeing(cached: Sequence[int], sequence: Sequence[int]) -> int:
+    """How many leading cached positions were computed from the tokens of `sequence`."""
+    count = 0
+    for cached_token, token in zip(cached, sequence, strict=False):
+        if cached_token != token:
+            break
+        count += 1
+    return count
 
 
 class LaggedFeatures:

@@ -24,6 +24,8 @@ from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.decoding import RoutingDrafter, ThresholdPolicy
 from draftsmith.heads import Draft, Drafter, DraftModelDrafter, NgramDrafter, TreeShape
+from draftsmith.heads.base import RowDrafters
+from draftsmith.heads.draft_model import BatchedDraftModel
 
 # Different lengths, so rows are padded and their caches ragged from the first round.
 PROMPTS = [[5, 17, 42], [9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 101]]
@@ -118,7 +120,7 @@ def test_a_finished_row_stops_drafting(llama):
     )
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=16)
     assert [r.tokens for r in batch] == expected
-    drafters = decoder._row_drafters(len(PROMPTS))
+    drafters = decoder._row_drafters(len(PROMPTS)).drafters
     for result, drafter in zip(batch, drafters, strict=True):
         assert drafter.drafts == result.stats.target_forwards  # no draft after the row ended
     assert drafters[2].drafts < max(d.drafts for d in drafters)
@@ -150,6 +152,57 @@ def test_ragged_cache_after_holes_and_compaction_equals_fresh_rows(llama):
     for row, tail, got in zip(rows, ([17, 99, 11], [21, 12]), logits, strict=True):
         expected = llama(input_ids=torch.tensor([row + tail])).logits[0, -1]
         torch.testing.assert_close(got[-1], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_truncated_row_continues_as_a_fresh_prefill_and_last_logits_are_the_last(llama):
+    target = RaggedTarget(llama, batch=2)
+    rows = [[5, 6, 7, 8, 9], [10, 11]]
+    target.extend([torch.tensor(r) for r in rows], [torch.arange(len(r)) - 1 for r in rows])
+    target.keep([range(5), range(2)])
+    target.truncate(0, 2)  # row 0 drafted 7, 8, 9 and had them rejected
+    assert target.lengths == [2, 2]
+    blocks = [torch.tensor([30, 31]), torch.tensor([32])]
+    last, _ = target.extend(blocks, [torch.arange(b.numel()) - 1 for b in blocks], logits="last")
+    for prefix, block, got in zip([[5, 6], [10, 11]], blocks, last, strict=True):
+        expected = llama(input_ids=torch.tensor([prefix + block.tolist()])).logits[0, -1:]
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # An empty block runs padding only, and gives no logits.
+    target.keep([range(2), range(1)])
+    last, _ = target.extend(
+        [torch.tensor([40]), torch.empty(0, dtype=torch.long)],
+        [torch.tensor([-1]), torch.empty(0, dtype=torch.long)],
+        logits="last",
+    )
+    assert last[0].shape == (1, llama.config.vocab_size) and last[1].shape[0] == 0
+
+
+class _ForwardCounter:
+    def __init__(self, model):
+        self.calls = 0
+        model.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+
+
+def test_a_draft_model_drafts_every_rows_chain_in_one_forward_per_step(llama):
+    draft = perturbed_copy(llama, scale=0.05)
+    counter = _ForwardCounter(draft)
+    decoder = SpeculativeDecoder(llama, DraftModelDrafter(draft), policy=CHAIN)
+    batch = decoder.generate_batch(PROMPTS, max_new_tokens=12)
+    batched = counter.calls
+    counter.calls = 0
+    alone = [decoder.generate(p, max_new_tokens=12) for p in PROMPTS]
+    assert [r.tokens for r in batch] == [r.tokens for r in alone]
+    assert [r.stats.accepted for r in batch] == [r.stats.accepted for r in alone]
+    # A round drafts 4 tokens in at most 4 forwards for all rows; alone, every row pays them.
+    assert batched <= 4 * max(r.stats.target_forwards for r in batch) < counter.calls
+
+
+def test_draft_trees_and_a_lone_prompt_draft_row_by_row(llama):
+    trees = SpeculativeDecoder(llama, _drafter("perturbed", llama), policy=TREE)
+    assert type(trees._row_drafters(2)) is RowDrafters
+    chains = SpeculativeDecoder(llama, _drafter("perturbed", llama), policy=CHAIN)
+    assert isinstance(chains._row_drafters(2), BatchedDraftModel)
+    assert type(chains._row_drafters(1)) is RowDrafters
 
 
 def test_every_rows_drafter_hands_its_states_to_a_hook_set_after_forking(llama):

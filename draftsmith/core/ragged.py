@@ -7,6 +7,9 @@ leaves unused slots, which the attention mask hides, and every token gets an exp
 (its row's length plus its depth in the block). When every row is dense (no hidden slots, all of
 one length, chain blocks of one width) no mask is passed and the model attends causally, exactly
 as a single sequence decodes.
+
+The model need not be the target: a draft model drafting every row of a batch in one forward per
+step runs through one too, and `truncate` drops what its rows drafted beyond what was accepted.
 """
 
 from __future__ import annotations
@@ -40,13 +43,16 @@ class RaggedTarget:
         tokens: Sequence[torch.Tensor],
         parents: Sequence[torch.Tensor],
         *,
-        logits: bool = True,
+        logits: str = "all",
     ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor | None]]:
         """Run one block per row in one forward: tokens[b] (m_b,) with parents[b] (m_b,) as
         `draftsmith.core.tree` (-1: continues row b's cached positions). Blocks are padded to the
-        widest; a padded slot sees only itself. Returns per row logits (m_b, V) float32 (None
-        without `logits`: the LM head runs on one position only) and features (m_b, F) or
-        None."""
+        widest (an empty block runs padding alone); a padded slot sees only itself. Returns per
+        row logits float32 and features (m_b, F) or None. logits: "all" (m_b, V); "last" the
+        block's last position's (min(m_b, 1), V), the LM head run on those positions only (a
+        draft model catching up on a prompt needs no more); "none" None (a prefill)."""
+        if logits not in ("all", "last", "none"):
+            raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
         widths = [t.numel() for t in tokens]
         width = max(widths)
         ids = torch.zeros(len(tokens), width, dtype=torch.long)
@@ -63,12 +69,17 @@ class RaggedTarget:
         if not dense:
             check_custom_masks(self.model, "a draft tree's or a padded batch's")
             mask, positions = self._attention(parents, width)
-        out, features = self.target.extend_rows(ids, mask, positions, 0 if logits else 1)
         rows = range(len(tokens))
-        return (
-            [out[b, : widths[b]] for b in rows] if logits else None,
-            [None if features is None else features[b, : widths[b]] for b in rows],
-        )
+        ends = sorted({w - 1 for w in widths if w})  # the blocks' last positions
+        keep = {"all": 0, "last": torch.tensor(ends), "none": 1}[logits]
+        out, features = self.target.extend_rows(ids, mask, positions, keep)
+        row_features = [None if features is None else features[b, : widths[b]] for b in rows]
+        if logits == "none":
+            return None, row_features
+        if logits == "last":
+            at = [ends.index(w - 1) if w else slice(0, 0) for w in widths]
+            return [out[b, at[b]].reshape(-1, out.shape[-1]) for b in rows], row_features
+        return [out[b, : widths[b]] for b in rows], row_features
 
     def _attention(
         self, parents: Sequence[torch.Tensor], width: int
@@ -99,6 +110,14 @@ class RaggedTarget:
         self._append_slots(counts, kept)
         if self.valid.shape[1] > 2 * max(self.lengths) + 64:
             self._compact()
+
+    def truncate(self, row: int, length: int) -> None:
+        """Forget row `row`'s cached positions from `length` on (what it drafted past the tokens
+        accepted); their slots stay hidden until compaction frees them."""
+        if length < self.lengths[row]:
+            slots = self.valid[row].nonzero()[:, 0]
+            self.valid[row, slots[length:]] = False
+            self.lengths[row] = length
 
     def select(self, rows: Sequence[int]) -> None:
         """Keep only the batch rows `rows` (in that order): finished rows stop costing."""

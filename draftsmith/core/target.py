@@ -124,12 +124,16 @@ class Target:
         tokens: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`extend` for a batch: tokens (B, n) after the cached positions of B rows. Returns logits
-        (B, n, V) float32 (of the last logits_to_keep positions only, when it is not 0: a prompt's
-        prefill needs none, and the LM head over every prompt token is a large share of its
-        cost) and features (B, n, F) or None."""
+        (B, n, V) float32 (of the last logits_to_keep positions only, when it is a nonzero int,
+        or of the positions it lists (k,), when a tensor: a prompt's prefill needs none, and the
+        LM head over every prompt token is a large share of its cost) and features (B, n, F) or
+        None."""
+        everything = isinstance(logits_to_keep, int) and logits_to_keep == 0
+        if isinstance(logits_to_keep, torch.Tensor):
+            logits_to_keep = logits_to_keep.to(self.model.device)
         out = self.model(
             input_ids=tokens.to(self.model.device),
             attention_mask=attention_mask,
@@ -137,7 +141,7 @@ class Target:
             use_cache=True,
             **{self._cache_argument: self.cache},
             output_hidden_states=bool(self.feature_layers),
-            **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}),
+            **({} if everything else {"logits_to_keep": logits_to_keep}),
         )
         return out.logits.float(), self._features(out.hidden_states)
 
