@@ -279,8 +279,17 @@ class Trainer:
         metrics = self.evaluate()
         self.run_log.log(state.step, "eval", metrics)
         artifact = self._export(metrics)
+        self._release_wrapper()
         self.run_log.finish()
         return TrainResult(artifact, state.step, metrics, state.tokens_per_s)
+
+    def _release_wrapper(self) -> None:
+        """Keep the bare module and free the DDP wrapper while the process group still exists:
+        its reducer holds the group, and freed after `end_training` it joined the gloo threads
+        of a destroyed group (a rank hung there in teardown under load)."""
+        if isinstance(self.module, torch.nn.parallel.DistributedDataParallel):
+            self.module = self.accelerator.unwrap_model(self.module)
+            self.accelerator.free_memory()
 
     def _resume(self) -> int | None:
         """Load the newest checkpoint when `config.resume`: its step, or None (a fresh start)."""
