@@ -24,10 +24,16 @@ class DraftModelDrafter(Drafter):
     The draft model's cache is kept across rounds; after a round it keeps the rows of the tokens
     the target accepted (a tree's accepted path gathered) and drops the rest, so the accepted
     prefix is never recomputed.
+
+    In a batch its rows draft their chains together (`BatchedDraftModel`) where `batch_drafting`
+    says so; None (the default) does on an accelerator and not on a CPU, where a one-row forward
+    takes a matrix-vector path that several rows' forward loses (`benchmarks/README.md`): rows
+    then draft alone, each in its own forwards.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, batch_drafting: bool | None = None) -> None:
         self.model = model.eval()
+        self.batch_drafting = batch_drafting
         self.vocab_size = model.config.get_text_config().vocab_size
         self._cache_argument = cache_argument(model)
         self._committed: list[int] = []
@@ -40,11 +46,14 @@ class DraftModelDrafter(Drafter):
         self._tree_rows = None
 
     def fork(self) -> DraftModelDrafter:
-        return DraftModelDrafter(self.model)
+        return DraftModelDrafter(self.model, self.batch_drafting)
 
     def chain_batch(self, rows: int) -> RowDrafters | None:
+        together = self.batch_drafting
+        if together is None:
+            together = self.model.device.type != "cpu"
         # The rows' caches differ in length, which needs a custom attention mask.
-        if self.model.config._attn_implementation not in TREE_ATTENTION:
+        if not together or self.model.config._attn_implementation not in TREE_ATTENTION:
             return None
         return BatchedDraftModel(self.model, rows)
 

@@ -38,6 +38,8 @@ TREE = FixedPolicy(tree=TreeShape(top_k=3, depth=3, total_tokens=8), recalibrate
 def _drafter(kind: str, target) -> Drafter:
     if kind == "perturbed":  # accepts some
         return DraftModelDrafter(perturbed_copy(target, scale=0.05))
+    if kind == "perturbed-together":  # its rows' chains drafted in one forward per step
+        return DraftModelDrafter(perturbed_copy(target, scale=0.05), batch_drafting=True)
     if kind == "unrelated":  # accepts almost nothing
         return DraftModelDrafter(tiny_model(target.config.model_type, seed=99))
     if kind == "ngram":
@@ -46,7 +48,9 @@ def _drafter(kind: str, target) -> Drafter:
 
 
 @pytest.mark.parametrize("policy", [CHAIN, TREE], ids=["chain", "tree"])
-@pytest.mark.parametrize("kind", ["perturbed", "unrelated", "ngram", "eagle", "eagle3", "mtp"])
+@pytest.mark.parametrize(
+    "kind", ["perturbed", "perturbed-together", "unrelated", "ngram", "eagle", "eagle3", "mtp"]
+)
 def test_each_row_equals_its_prompt_decoded_alone(llama, kind, policy):
     decoder = SpeculativeDecoder(llama, _drafter(kind, llama), policy=policy)
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=12)
@@ -126,9 +130,10 @@ def test_a_finished_row_stops_drafting(llama):
     assert drafters[2].drafts < max(d.drafts for d in drafters)
 
 
-def test_rows_stopped_early_by_the_policy_stay_identical(llama):
+@pytest.mark.parametrize("kind", ["perturbed", "perturbed-together"])
+def test_rows_stopped_early_by_the_policy_stay_identical(llama, kind):
     policy = ThresholdPolicy(max_draft_tokens=6, min_path_confidence=0.5)
-    decoder = SpeculativeDecoder(llama, _drafter("perturbed", llama), policy=policy)
+    decoder = SpeculativeDecoder(llama, _drafter(kind, llama), policy=policy)
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=16)
     assert [r.tokens for r in batch] == [
         greedy_reference(llama, torch.tensor(p), 16) for p in PROMPTS
@@ -186,7 +191,7 @@ class _ForwardCounter:
 def test_a_draft_model_drafts_every_rows_chain_in_one_forward_per_step(llama):
     draft = perturbed_copy(llama, scale=0.05)
     counter = _ForwardCounter(draft)
-    decoder = SpeculativeDecoder(llama, DraftModelDrafter(draft), policy=CHAIN)
+    decoder = SpeculativeDecoder(llama, DraftModelDrafter(draft, batch_drafting=True), policy=CHAIN)
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=12)
     batched = counter.calls
     counter.calls = 0
@@ -197,12 +202,15 @@ def test_a_draft_model_drafts_every_rows_chain_in_one_forward_per_step(llama):
     assert batched <= 4 * max(r.stats.target_forwards for r in batch) < counter.calls
 
 
-def test_draft_trees_and_a_lone_prompt_draft_row_by_row(llama):
-    trees = SpeculativeDecoder(llama, _drafter("perturbed", llama), policy=TREE)
+def test_draft_trees_a_lone_prompt_and_a_cpu_by_default_draft_row_by_row(llama):
+    draft = perturbed_copy(llama, scale=0.05)
+    trees = SpeculativeDecoder(llama, DraftModelDrafter(draft, batch_drafting=True), policy=TREE)
     assert type(trees._row_drafters(2)) is RowDrafters
-    chains = SpeculativeDecoder(llama, _drafter("perturbed", llama), policy=CHAIN)
+    chains = SpeculativeDecoder(llama, DraftModelDrafter(draft, batch_drafting=True), policy=CHAIN)
     assert isinstance(chains._row_drafters(2), BatchedDraftModel)
     assert type(chains._row_drafters(1)) is RowDrafters
+    on_cpu = SpeculativeDecoder(llama, DraftModelDrafter(draft), policy=CHAIN)
+    assert type(on_cpu._row_drafters(2)) is RowDrafters
 
 
 def test_every_rows_drafter_hands_its_states_to_a_hook_set_after_forking(llama):
@@ -258,9 +266,10 @@ def test_each_row_samples_the_targets_distribution():
     assert not _sequence_fits(counts[1], exact[2], n)
 
 
-def test_a_sampled_row_equals_its_prompt_sampled_alone_with_its_seed(llama):
+@pytest.mark.parametrize("kind", ["perturbed", "perturbed-together"])
+def test_a_sampled_row_equals_its_prompt_sampled_alone_with_its_seed(llama, kind):
     """Row b draws from its own generator seeded seed + b, as `generate` does alone."""
-    decoder = SpeculativeDecoder(llama, _drafter("perturbed", llama), policy=CHAIN)
+    decoder = SpeculativeDecoder(llama, _drafter(kind, llama), policy=CHAIN)
     sampling = {"temperature": 0.8, "top_k": 20}
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=12, seed=7, **sampling)
     for row, (prompt, result) in enumerate(zip(PROMPTS, batch, strict=True)):
