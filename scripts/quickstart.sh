@@ -33,8 +33,7 @@ draftsmith regenerate --target smollm2-135m --source stdlib --split heldout --dt
     --out "$heldout"
 accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
     recipes/smollm2-135m/eagle3.yaml output_dir="$out" "data.source=[$train, $chat]" \
-    eval_data.source="$heldout" target_dtype="$dtype" feature_cache_dtype="$dtype" \
-    mixed_precision="$precision" "$@"
+    eval_data.source="$heldout" target_dtype="$dtype" mixed_precision="$precision" "$@"
 draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout" --dtype "$dtype"
 draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" --dtype "$dtype" \
     --draft-tokens 4 --json "$out/bench.json"
