@@ -13,6 +13,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from draftsmith.core.cache import cache_argument
 from draftsmith.core.models import load_model
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.tree import chain_parents
@@ -47,18 +48,14 @@ def main() -> None:
         ragged.extend([torch.tensor([5])] * 4, [torch.tensor([-1])] * 4, logits="last")
         ragged.keep([range(1)] * 4)
 
-    alone = DynamicCache()
-    model(input_ids=prompts[0][None], past_key_values=alone, use_cache=True)
-    dense = DynamicCache()
-    model(input_ids=torch.randint(0, 1000, (4, 200)), past_key_values=dense, use_cache=True)
-    print(
-        "one row alone  ",
-        _timed(lambda: model(input_ids=torch.tensor([[5]]), past_key_values=alone)),
-    )
-    print(
-        "4 rows, dense  ",
-        _timed(lambda: model(input_ids=torch.full((4, 1), 5), past_key_values=dense)),
-    )
+    name = cache_argument(model)  # transformers' keyword for the KV cache
+    alone, dense = DynamicCache(), DynamicCache()
+    model(input_ids=prompts[0][None], use_cache=True, **{name: alone})
+    model(input_ids=torch.randint(0, 1000, (4, 200)), use_cache=True, **{name: dense})
+    one_row = torch.tensor([[5]])
+    four_rows = torch.full((4, 1), 5)
+    print("one row alone  ", _timed(lambda: model(input_ids=one_row, **{name: alone})))
+    print("4 rows, dense  ", _timed(lambda: model(input_ids=four_rows, **{name: dense})))
     print("4 rows, ragged ", _timed(ragged_step))
 
     hidden = model.config.hidden_size

@@ -15,6 +15,7 @@ step runs through one too, and `truncate` drops what its rows drafted beyond wha
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
@@ -43,7 +44,7 @@ class RaggedTarget:
         tokens: Sequence[torch.Tensor],
         parents: Sequence[torch.Tensor],
         *,
-        logits: str = "all",
+        logits: Literal["all", "last", "none"] = "all",
     ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor | None]]:
         """Run one block per row in one forward: tokens[b] (m_b,) with parents[b] (m_b,) as
         `draftsmith.core.tree` (-1: continues row b's cached positions). Blocks are padded to the
@@ -70,13 +71,13 @@ class RaggedTarget:
             check_custom_masks(self.model, "a draft tree's or a padded batch's")
             mask, positions = self._attention(parents, width)
         rows = range(len(tokens))
-        ends = sorted({w - 1 for w in widths if w})  # the blocks' last positions
-        keep = {"all": 0, "last": torch.tensor(ends), "none": 1}[logits]
+        ends = sorted({w - 1 for w in widths if w}) if logits == "last" else []
+        keep = torch.tensor(ends) if logits == "last" else (0 if logits == "all" else 1)
         out, features = self.target.extend_rows(ids, mask, positions, keep)
         row_features = [None if features is None else features[b, : widths[b]] for b in rows]
         if logits == "none":
             return None, row_features
-        if logits == "last":
+        if logits == "last":  # out holds the positions `ends` only
             at = [ends.index(w - 1) if w else slice(0, 0) for w in widths]
             return [out[b, at[b]].reshape(-1, out.shape[-1]) for b in rows], row_features
         return [out[b, : widths[b]] for b in rows], row_features
