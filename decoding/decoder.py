@@ -162,10 +162,10 @@ class SpeculativeDecoder:
         for every row's chain where the kind can: `Drafter.chain_batch`) and accepts its own
         number of tokens per round; a row that finished drops out of the batch. The policy is
         the batch's: one `shape` per round for every row (each row's chain may stop early by its
-        own `stop_fn`), and every row's outcome is `observe`d with the round's timings. Row b
-        samples from its own generator seeded `seed + b`, so its output is the one `generate`
-        gives that prompt alone with that seed (greedy: always). on_round sees every row's
-        `RoundRecord` (with its row index).
+        own `stop_fn`), and the round's outcomes, one per row with the round's timings, go to
+        `observe_round` together. Row b samples from its own generator seeded `seed + b`, so its
+        output is the one `generate` gives that prompt alone with that seed (greedy: always).
+        on_round sees every row's `RoundRecord` (with its row index).
         """
         if not prompts:
             raise ValueError("generate_batch needs at least one prompt")
@@ -193,8 +193,12 @@ class SpeculativeDecoder:
             paths = self._verify(target, drafters, active, drafts, sampling, stop_strings, on_round)
             round_s = time.perf_counter() - round_started
             draft_s, round_s = shards_agree(self.target, [draft_s, round_s])
-            for draft, path in zip(drafts, paths, strict=True):
-                self.policy.observe(RoundOutcome(draft, path, draft_s, round_s))
+            self.policy.observe_round(
+                [
+                    RoundOutcome(draft, path, draft_s, round_s)
+                    for draft, path in zip(drafts, paths, strict=True)
+                ]
+            )
             still = [b for b, row in enumerate(active) if not row.finish(max_new_tokens, started)]
             if len(still) < len(active):
                 active = [active[b] for b in still]
@@ -207,7 +211,7 @@ class SpeculativeDecoder:
         self, drafters: RowDrafters, active: list[_Row], max_new: int, sampling: SamplingParams
     ) -> list[Draft]:
         """Each active row's draft of the policy's shape this round, trimmed by the policy."""
-        shape = self.policy.shape()
+        shape = self.policy.shape(rows=len(active))
         # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
         requests = [
             DraftRequest(

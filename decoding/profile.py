@@ -35,14 +35,17 @@ RERUN = "rerun `draftsmith profile --target NAME` to measure it again"
 
 @dataclass
 class CostCurve:
-    """Seconds of one target forward of n new tokens after a cached context, for measured n."""
+    """Seconds of one target forward of n new tokens per row after a cached context, for
+    measured n, over `rows` rows at once."""
 
     tokens: list[int]
     """Verified-block sizes measured, increasing (e.g. 1, 2, 3, 4, 6, 8, 12, ..., 64)."""
     verify_s: list[float]
-    """Median seconds of one target forward of tokens[i] new tokens, one per size."""
+    """Seconds of one target forward of tokens[i] new tokens in each row, one per size."""
     context: int
     """Positions already in the target's KV cache when it was timed."""
+    rows: int = 1
+    """Rows in each timed forward: a batch of rows x tokens[i] new tokens (1: one sequence)."""
     draft_step_s: float | None = None
     """Seconds per drafter step (one more drafted token), when a drafter was profiled."""
     drafter: str = ""
@@ -74,10 +77,13 @@ class CostCurve:
             raise ValueError(f"sizes must be increasing positive integers, got {self.tokens}")
         if any(not isinstance(s, (int, float)) or not s > 0 for s in self.verify_s):
             raise ValueError(f"times must be positive seconds, got {self.verify_s}")
+        if not isinstance(self.rows, int) or self.rows < 1:
+            raise ValueError(f"rows must be a positive integer, got {self.rows}")
 
-    def verify_cost(self, n: int) -> float:
-        """Seconds to verify a block of n tokens: linear between measured sizes, the smallest
-        size's time below it, and the last segment's slope (never falling) beyond the largest."""
+    def verify_cost(self, n: float) -> float:
+        """Seconds to verify a block of n tokens in each of `rows` rows: linear between measured
+        sizes, the smallest size's time below it, and the last segment's slope (never falling)
+        beyond the largest."""
         sizes, times = self.tokens, self.verify_s
         if n <= sizes[0] or len(sizes) == 1:
             return times[0]
@@ -87,6 +93,13 @@ class CostCurve:
         if n > sizes[-1]:
             return times[-1] + max(slope, 0.0) * (n - sizes[-1])
         return times[i] + slope * (n - sizes[i])
+
+    def batch_cost(self, rows: int, n: int) -> float:
+        """Seconds to verify n tokens in each of `rows` rows in one forward: measured where rows
+        is the curve's own; elsewhere read at the same total tokens (rows * n), the work of the
+        linear layers, which set the cost on a compute-bound device and cost about one weight
+        read per forward on a memory-bound one."""
+        return self.verify_cost(rows * n / self.rows)
 
     def relative(self, n: int) -> float:
         """verify_cost(n) in units of one token's verification."""
@@ -113,14 +126,21 @@ class CostCurve:
 
     @staticmethod
     def default_path(
-        target_name: str, dtype: str | torch.dtype, device: str = "cpu", placement: str = ""
+        target_name: str,
+        dtype: str | torch.dtype,
+        device: str = "cpu",
+        placement: str = "",
+        rows: int = 1,
     ) -> Path:
         """Where `draftsmith profile` keeps the curve of `target_name` at `dtype` on devices of
         `device`'s kind, spread as `placement` says (`draftsmith.core.parallel.placement`; ""
-        on one device): ``$DRAFTSMITH_HOME/profiles/`` (default ``~/.cache/draftsmith``)."""
+        on one device), timed over `rows` rows: ``$DRAFTSMITH_HOME/profiles/`` (default
+        ``~/.cache/draftsmith``)."""
         dtype = str(dtype).removeprefix("torch.")
         kind = torch.device(device).type + (f"--{placement}" if placement else "")
-        return default_home() / "profiles" / f"{_safe_name(target_name)}--{dtype}--{kind}.json"
+        batch = f"--rows{rows}" if rows > 1 else ""
+        name = f"{_safe_name(target_name)}--{dtype}--{kind}{batch}.json"
+        return default_home() / "profiles" / name
 
 
 def _safe_name(name: str) -> str:
@@ -198,12 +218,17 @@ def profile_target(
     context: int = 256,
     repeats: int = 5,
     sizes: Sequence[int] | None = None,
+    rows: int = 1,
     name: str = "",
 ) -> CostCurve:
-    """Time one target forward of n new tokens after a KV cache of `context` positions, for each
-    n in `sizes` (default `default_sizes(max_tokens)`): the fastest of `repeats` runs, after a
-    warm-up, and never less than a smaller block's (a larger block does at least its work). The tokens run causally, as a chain: a draft tree's mask changes what attends to
-    what, not how much work the forward does. `name` is recorded as the curve's target."""
+    """Time one target forward of n new tokens in each of `rows` rows, after a KV cache of
+    `context` positions per row, for each n in `sizes` (default `default_sizes(max_tokens)`):
+    the fastest of `repeats` runs, after a warm-up, and never less than a smaller block's (a
+    larger block does at least its work). The tokens run causally, as a chain: a draft tree's
+    mask changes what attends to what, not how much work the forward does. `name` is recorded
+    as the curve's target."""
+    if rows < 1:
+        raise ValueError(f"profile needs rows >= 1, got {rows}")
     sizes = sorted(set(sizes)) if sizes is not None else default_sizes(max_tokens)
     _check_profile_args(model, sizes, context, repeats)
     device = model.device
@@ -211,7 +236,7 @@ def profile_target(
     generator = torch.Generator().manual_seed(0)
     cache_kw = cache_argument(model)
     cache = DynamicCache()
-    prompt = torch.randint(vocab, (1, context), generator=generator)
+    prompt = torch.randint(vocab, (rows, context), generator=generator)
     model(input_ids=prompt.to(device), use_cache=True, **{cache_kw: cache})
 
     def verify(block: torch.Tensor) -> Callable[[], None]:
@@ -221,7 +246,7 @@ def profile_target(
 
         return run
 
-    blocks = [torch.randint(vocab, (1, n), generator=generator).to(device) for n in sizes]
+    blocks = [torch.randint(vocab, (rows, n), generator=generator).to(device) for n in sizes]
     times = _interleaved_minima([verify(block) for block in blocks], repeats, device)
     times = shards_agree(model, times)  # one curve on every process, to draft alike
     times = list(itertools.accumulate(times, max))
@@ -229,6 +254,7 @@ def profile_target(
         tokens=sizes,
         verify_s=times,
         context=context,
+        rows=rows,
         target=name or model.name_or_path,
         dtype=str(model.dtype).removeprefix("torch."),
         device=str(device),

@@ -237,6 +237,82 @@ def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
     assert not policy.speculating
 
 
+# -- cost-aware at a batch -------------------------------------------------------------------------
+
+# Verification flat up to 4 tokens, then each token costs a quarter of a one-token forward.
+_SATURATING = CostCurve(
+    tokens=[1, 4, 8, 16, 32, 64], verify_s=[1.0, 1.0, 2.0, 4.0, 8.0, 16.0], context=8
+)
+
+
+@pytest.mark.parametrize(
+    ("cost", "drafts_at"),
+    [(_SATURATING, {1: True, 2: True, 8: False}), (_curve([1.0] * 64), {1: True, 8: True})],
+)
+def test_cost_aware_plans_a_batch_on_the_cost_of_the_batch_forward(cost, drafts_at):
+    """At 8 rows a 4-token chain verifies 32 tokens in one forward, 8 times a plain step's 1 (for
+    8 tokens): it cannot pay where cost grows with the tokens, and does where it stays flat."""
+    policy = CostAwarePolicy(
+        cost=cost, max_draft_tokens=3, acceptance=ConstantCalibrator(0.8), recalibrate=False
+    )
+    assert {rows: policy.shape(rows=rows).max_tokens > 0 for rows in drafts_at} == drafts_at
+
+
+def _batch_round(committed: list[int], drafted: list[int], draft_s: float, round_s: float):
+    return [
+        RoundOutcome(Draft(tokens=torch.arange(d)), list(range(c - 1)), draft_s, round_s)
+        for c, d in zip(committed, drafted, strict=True)
+    ]
+
+
+def test_cost_aware_scales_its_curve_by_the_batch_forward_it_timed():
+    policy = CostAwarePolicy(cost=_SATURATING)
+    policy.shape(rows=4)
+    # Blocks padded to the widest (3 drafted + the root): 16 tokens, 4.0 s on the curve.
+    policy.observe_round(_batch_round([1, 2, 4, 1], [0, 2, 3, 1], draft_s=0.5, round_s=8.5))
+    assert policy.round_verify_s(4) == pytest.approx(8.0)  # twice the curve
+    assert policy.plain_rate() == pytest.approx(4 / 2.0)  # 4 rows a token per 2.0 s step
+
+
+def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
+    """Flat curve, 1 s a forward: a plain step gives each of 4 rows a token a second. Two rounds
+    that each commit one token a row for 1.5 s (0.5 s of drafting) lose 0.5 s each: 1.0 s, 5%
+    of 20 plain rounds. Judged row by row (four outcomes a round) they would lose 4 times that."""
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_rounds=2, probe_budget=0.05)
+    for _ in range(2):
+        assert policy.shape(rows=4).max_tokens > 0
+        policy.observe_round(_batch_round([1] * 4, [4] * 4, draft_s=0.5, round_s=1.5))
+    stretch = 0
+    while not policy.speculating:
+        assert policy.shape(rows=4).max_tokens == 0
+        policy.observe_round(_batch_round([1] * 4, [0] * 4, draft_s=0.0, round_s=1.0))
+        stretch += 1
+    assert stretch == 20
+
+
+class RecordingPolicy(CostAwarePolicy):
+    """Cost-aware, recording the rows each round opened with and the outcomes it observed."""
+
+    def shape(self, rows: int = 1) -> TreeShape:
+        self.rounds = [*getattr(self, "rounds", []), [rows, None]]
+        return super().shape(rows)
+
+    def observe_round(self, outcomes) -> None:
+        self.rounds[-1][1] = len(outcomes)
+        super().observe_round(outcomes)
+
+
+def test_the_decoder_reports_each_batch_round_to_the_policy_at_once(llama):
+    policy = RecordingPolicy(max_draft_tokens=3, cost=_curve([1e-3] * 8))
+    decoder = SpeculativeDecoder(llama, DraftModelDrafter(llama), policy=policy)
+    prompts = [torch.tensor([2, 4, 6]), torch.tensor([7, 1]), torch.tensor([3, 3, 9, 5])]
+    results = decoder.generate_batch(prompts, max_new_tokens=12)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.tokens == greedy_reference(llama, prompt, 12)
+    assert policy.rounds[0] == [3, 3]
+    assert all(rows == observed for rows, observed in policy.rounds)
+
+
 def test_cost_aware_falls_back_when_the_drafter_is_useless(llama):
     useless = DraftModelDrafter(tiny_model("llama", seed=99))
     policy = CostAwarePolicy(max_draft_tokens=4, cost=_curve([1e-3] * 6))

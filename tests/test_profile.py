@@ -82,6 +82,23 @@ def test_profile_target_reports_the_fastest_run_of_each_size(monkeypatch, dip):
     assert {length for _, length in seen} == {12} and len(seen) == 8
 
 
+def test_profile_target_times_every_row_of_a_batch(llama):
+    """A curve of 3 rows times forwards of (3, n) blocks after a (3, context) cache."""
+    shapes: list[tuple[int, ...]] = []
+    handle = llama.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    try:
+        measured = profile_target(llama, sizes=[1, 2], context=8, repeats=1, rows=3)
+    finally:
+        handle.remove()
+    assert measured.rows == 3 and measured.tokens == [1, 2]
+    assert set(shapes) == {(3, 8), (3, 1), (3, 2)}
+    with pytest.raises(ValueError, match="rows >= 1"):
+        profile_target(llama, sizes=[1], context=8, rows=0)
+
+
 def test_a_context_past_the_targets_positions_is_a_clear_error(llama):
     with pytest.raises(ValueError, match="exceeds the target's 256 positions: lower --context"):
         profile_target(llama, max_tokens=8, context=250)
@@ -173,6 +190,24 @@ def test_a_corrupt_curve_names_the_file_and_the_fix(tmp_path, text):
         CostCurve.load(path)
 
 
+def test_batch_cost_is_measured_at_its_rows_and_read_at_equal_total_tokens_elsewhere():
+    one_row = curve([1, 2, 4, 8], [1.0, 2.0, 2.0, 4.0])
+    assert one_row.batch_cost(1, 4) == one_row.verify_cost(4)
+    assert one_row.batch_cost(4, 2) == one_row.verify_cost(8) == 4.0  # 8 tokens in all
+    four_rows = curve([1, 2, 4], [3.0, 5.0, 9.0], rows=4)
+    assert four_rows.batch_cost(4, 2) == 5.0  # measured
+    assert four_rows.batch_cost(8, 2) == 9.0  # 16 tokens: 4 rows of 4
+    assert four_rows.batch_cost(2, 2) == 3.0  # 4 tokens: 4 rows of 1
+
+
+def test_a_curve_saved_before_rows_existed_is_one_row(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"tokens": [1, 2], "verify_s": [1.0, 1.5], "context": 8}))
+    assert CostCurve.load(path).rows == 1
+    with pytest.raises(ValueError, match="rows must be a positive integer"):
+        curve([1], [1.0], rows=0)
+
+
 def test_default_path_names_target_dtype_and_device_kind(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     path = CostCurve.default_path("Qwen/Qwen2.5-0.5B", torch.bfloat16, "cuda:0")
@@ -180,6 +215,8 @@ def test_default_path_names_target_dtype_and_device_kind(tmp_path, monkeypatch):
     assert (
         CostCurve.default_path("/models/tiny", "float32").name == "models_tiny--float32--cpu.json"
     )
+    batched = CostCurve.default_path("/models/tiny", "float32", rows=4)
+    assert batched.name == "models_tiny--float32--cpu--rows4.json"
 
 
 # -- the budget -----------------------------------------------------------------------------------
@@ -227,6 +264,29 @@ def test_profile_command_writes_the_curve(target_dir, tmp_path, capsys):
     assert json.loads(out.read_text())["dtype"] == "float32"
     printed = capsys.readouterr().out
     assert "x 1 token" in printed and f"wrote {out}" in printed
+
+
+def test_profile_command_times_a_batch_and_stores_it_beside_the_one_row_curve(
+    target_dir, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    argv = ["--target", str(target_dir), "--max-tokens", "2", "--context", "8", "--rows", "3"]
+    main(["profile", *argv, "--repeats", "1"])
+    saved = CostCurve.load(CostCurve.default_path(str(target_dir), "float32", "cpu", rows=3))
+    assert saved.rows == 3 and saved.tokens == [1, 2]
+    assert "3 rows, each verifying" in capsys.readouterr().out
+    assert not CostCurve.default_path(str(target_dir), "float32", "cpu").exists()
+
+
+def test_bench_reads_the_curve_of_its_batch_size_where_one_is_stored(llama, tmp_path, monkeypatch):
+    from draftsmith.commands.bench import cost_curve
+
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    one_row = curve([1, 2], [1.0, 2.0])
+    one_row.save(CostCurve.default_path("tiny", "float32", "cpu"))
+    curve([1, 2], [3.0, 4.0], rows=4).save(CostCurve.default_path("tiny", "float32", "cpu", rows=4))
+    assert cost_curve(llama, "tiny", rows=4).rows == 4
+    assert cost_curve(llama, "tiny", rows=2) == one_row  # none stored for 2 rows
 
 
 def test_profile_command_with_a_drafter_writes_to_the_default_path(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -45,7 +45,8 @@ class DraftPolicy:
 
     Each round the decoder asks for the draft `shape` (zero tokens: a plain decoding step), a
     `stop_fn` that may end a chain early, an `acceptance_fn` that ranks tree nodes, then `trim`s
-    the drafted tree before verification and reports the round to `observe`. `start` opens a
+    the drafted tree before verification and reports the round to `observe_round` (every row's
+    outcome at once when rows decode as a batch; the default `observe`s each). `start` opens a
     request. A subclass overrides what it decides; the base drafts `tree`, or a chain of
     `max_draft_tokens`, every round.
     """
@@ -77,8 +78,9 @@ class DraftPolicy:
         """A new request for `target` begins: a policy resets its per-request state here (and
         may measure what it needs of the target, once)."""
 
-    def shape(self) -> TreeShape:
-        """The draft shape of this round."""
+    def shape(self, rows: int = 1) -> TreeShape:
+        """The draft shape of this round, which opens it, for `rows` rows decoding together (each
+        drafts its own of this shape)."""
         return self.largest
 
     def stop_fn(self) -> StopFn | None:
@@ -99,6 +101,13 @@ class DraftPolicy:
             and draft.logits is not None
         ):
             self.acceptance.observe(*round_outcomes(draft, outcome.accepted_path))
+
+    def observe_round(self, outcomes: Sequence[RoundOutcome]) -> None:
+        """Learn from a verified round of one or more rows (one outcome each, in row order),
+        verified together in one target forward: each is `observe`d, unless a policy that times
+        rounds takes them together."""
+        for outcome in outcomes:
+            self.observe(outcome)
 
     def acceptance_prob(self, signals: dict[str, torch.Tensor]) -> torch.Tensor:
         """P(the target accepts each drafted token) (k,) from `confidence_signals` output."""

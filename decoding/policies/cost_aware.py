@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel
@@ -79,6 +80,13 @@ class CostAwarePolicy(DraftPolicy):
     to the size of best value under the same curve (`best_budget`), and the next round drafts up
     to twice that.
 
+    A batch (rows decoding together, each verifying its own draft in the round's one target
+    forward) is planned per row, as if every row drafted what this one does: a row's share of
+    the round is the batch forward's cost over the rows (`CostCurve.batch_cost`) plus its share
+    of the drafting, and a plain step gives each row one token for the batch's one-token forward.
+    So a device whose batched forward costs about what a one-row forward does keeps drafting at
+    batch B, and one whose cost grows with the tokens verified stops drafting as B grows.
+
     Falling back: the rate of the speculative rounds (committed tokens over the round's drafting
     seconds plus the scaled curve's cost of the tokens it verified, moving averages) is compared
     with plain decoding's (one over the scaled one-token cost). Every round, plain or not, times
@@ -120,8 +128,10 @@ class CostAwarePolicy(DraftPolicy):
     """Modelled seconds of the speculative rounds: drafting plus the scaled verification."""
     _budget: int | None = field(default=None, init=False, repr=False)
     _round_acceptance: list[float] = field(default_factory=list, init=False, repr=False)
+    _rows: int = field(default=1, init=False, repr=False)
+    """Rows decoding together this round."""
     _drafted: int = field(default=0, init=False, repr=False)
-    """Nodes drafted this round, before the trim."""
+    """Nodes drafted this round over all rows, before the trim."""
     _drafted_before: bool = field(default=False, init=False, repr=False)
     """The previous round of this request drafted: the drafter had caught up, so this round's
     drafting time measures drafting alone (not the prompt or a plain stretch)."""
@@ -164,7 +174,8 @@ class CostAwarePolicy(DraftPolicy):
 
     # -- planning ----------------------------------------------------------------------------
 
-    def shape(self) -> TreeShape:
+    def shape(self, rows: int = 1) -> TreeShape:
+        self._rows, self._drafted = rows, 0
         if self._plain_left > 0:
             return PLAIN
         shape = self.largest
@@ -180,10 +191,9 @@ class CostAwarePolicy(DraftPolicy):
         (with a curve: without one nothing is known against drafting)."""
         if self.cost is None:
             return True
-        fixed_s, step_s = self._draft_cost.fixed, self._draft_cost.per_token
-        plain = 1.0 / self.verify_s(1)
+        fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_token
         return any(
-            (1 + n) / (fixed_s + n * step_s + self.verify_s(n + 1)) > plain
+            (1 + n) / (fixed_s + n * step_s + self.row_verify_s(n + 1)) > self.plain_rate()
             for n in range(1, self.max_draft_tokens + 1)
         )
 
@@ -191,7 +201,7 @@ class CostAwarePolicy(DraftPolicy):
         self._round_acceptance = []
         if self.cost is None or self.tree is not None:
             return None
-        fixed_s, step_s = self._draft_cost.fixed, self._draft_cost.per_token
+        fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_token
         path, expected = 1.0, 1.0
 
         def no_longer_draft_pays(position: int, _: dict[str, float], acceptance: float) -> bool:
@@ -200,12 +210,12 @@ class CostAwarePolicy(DraftPolicy):
             path *= acceptance
             expected += path
             n = position + 1
-            now = expected / (fixed_s + n * step_s + self.verify_s(n + 1))
+            now = expected / (fixed_s + n * step_s + self.row_verify_s(n + 1))
             longer_path, longer_expected = path, expected
             for m in range(n + 1, self.max_draft_tokens + 1):
                 longer_path *= acceptance
                 longer_expected += longer_path
-                cost = fixed_s + m * step_s + self.verify_s(m + 1)
+                cost = fixed_s + m * step_s + self.row_verify_s(m + 1)
                 if longer_expected / cost > now:
                     return False
             return True
@@ -213,7 +223,7 @@ class CostAwarePolicy(DraftPolicy):
         return self.token_stop_fn(no_longer_draft_pays)
 
     def trim(self, draft: Draft) -> Draft:
-        self._drafted = len(draft)
+        self._drafted += len(draft)
         if self.cost is None or len(draft) == 0:
             return draft
         if self.tree is not None:
@@ -224,13 +234,13 @@ class CostAwarePolicy(DraftPolicy):
 
     def _best_prefix(self, drafted: int) -> int:
         """The chain prefix of best value, the cost of drafting `drafted` tokens spent."""
-        spent = self._draft_cost.fixed + drafted * self._draft_cost.per_token
-        best, best_value = 0, 1.0 / (spent + self.verify_s(1))
+        spent = self._row_draft_fixed_s() + drafted * self._draft_cost.per_token
+        best, best_value = 0, 1.0 / (spent + self.row_verify_s(1))
         path, expected = 1.0, 1.0
         for n, acceptance in enumerate(self._round_acceptance, start=1):
             path *= acceptance
             expected += path
-            value = expected / (spent + self.verify_s(n + 1))
+            value = expected / (spent + self.row_verify_s(n + 1))
             if value > best_value:
                 best, best_value = n, value
         return best
@@ -241,7 +251,7 @@ class CostAwarePolicy(DraftPolicy):
         expected = draft.values.sort(descending=True).values.cumsum(0).tolist()
         curve = dataclasses.replace(
             self.cost,
-            verify_s=[self.verify_s(n) for n in self.cost.tokens],
+            verify_s=[self.row_verify_s(n) for n in self.cost.tokens],
             draft_step_s=self._spec_draft_s(),
         )
         size = best_budget(curve, expected)
@@ -249,27 +259,40 @@ class CostAwarePolicy(DraftPolicy):
         return draft.pruned(size)
 
     def _spec_draft_s(self) -> float:
-        """Seconds of drafting a whole tree of the largest shape."""
-        return self._draft_cost.fixed + self._draft_cost.per_token * self.largest.max_tokens
+        """A row's seconds of drafting a whole tree of the largest shape."""
+        return self._row_draft_fixed_s() + self._draft_cost.per_token * self.largest.max_tokens
+
+    def _row_draft_fixed_s(self) -> float:
+        """A row's share of a round's fixed drafting cost (the drafting cost is fitted on the
+        round's nodes over all rows, so its per-token part is already a row's)."""
+        return self._draft_cost.fixed / self._rows
 
     # -- learning ----------------------------------------------------------------------------
 
     def observe(self, outcome: RoundOutcome) -> None:
-        super().observe(outcome)
-        verified = len(outcome.draft) + 1
-        verify_s = max(outcome.round_s - outcome.draft_s, 1e-9)
-        self._scale.add(verify_s / self._curve(verified))
+        self.observe_round([outcome])
+
+    def observe_round(self, outcomes: Sequence[RoundOutcome]) -> None:
+        for outcome in outcomes:
+            super().observe(outcome)
+        rows = self._rows = len(outcomes)
+        # One forward verified every row's block, padded to the widest.
+        width = max(len(outcome.draft) for outcome in outcomes) + 1
+        draft_s, round_s = outcomes[0].draft_s, outcomes[0].round_s
+        self._scale.add(max(round_s - draft_s, 1e-9) / self._curve(rows, width))
         if self._plain_left > 0:
             self._plain_left -= 1
             self._drafted_before = False
             return
         if self._drafted and self._drafted_before:
-            self._draft_cost.add(self._drafted, outcome.draft_s)
+            self._draft_cost.add(self._drafted, draft_s)
         self._drafted_before = self._drafted > 0
-        round_s = outcome.draft_s + self.verify_s(verified)
-        self._spec_tokens.add(outcome.committed)
-        self._spec_round_s.add(round_s)
-        self._spec_lost_s += round_s - outcome.committed * self.verify_s(1)
+        modelled_s = draft_s + self.round_verify_s(width, rows)
+        committed = sum(outcome.committed for outcome in outcomes)
+        self._spec_tokens.add(committed / rows)
+        self._spec_round_s.add(modelled_s / rows)
+        # Plain decoding gives every row a token per one-token forward of the batch.
+        self._spec_lost_s += modelled_s - committed / rows * self.round_verify_s(1, rows)
         self._spec_rounds += 1
         if self._spec_rounds < self.min_rounds:
             return
@@ -278,30 +301,39 @@ class CostAwarePolicy(DraftPolicy):
             self._spec_lost_s = 0.0
             return
         # Slower than plain: decode plainly for a while, then probe afresh for min_rounds.
-        paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * self.verify_s(1)))
+        plain_round_s = self.round_verify_s(1, rows)
+        paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * plain_round_s))
         self._plain_left = max(self._backoff, paid_for)
         self._backoff = min(2 * self._backoff, self.max_backoff)
         self._reset_speculation()
 
-    def verify_s(self, n: int) -> float:
-        """Seconds of a round verifying n tokens: the profiled curve's shape, scaled to the rounds
-        timed now (the machine may be busier, or run other threads, than when it was
-        profiled)."""
-        return self._curve(n) * (1.0 if self._scale.value is None else self._scale.value)
+    def round_verify_s(self, n: int, rows: int | None = None) -> float:
+        """Seconds of one target forward verifying n tokens in each of `rows` rows (default this
+        round's): the profiled curve's shape, scaled to the rounds timed now (the machine may be
+        busier, or run other threads, than when it was profiled)."""
+        scale = 1.0 if self._scale.value is None else self._scale.value
+        return self._curve(self._rows if rows is None else rows, n) * scale
 
-    def _curve(self, n: int) -> float:
-        """The profiled cost of verifying n tokens; one unit each without a curve."""
-        return 1.0 if self.cost is None else self.cost.verify_cost(n)
+    def row_verify_s(self, n: int) -> float:
+        """A row's share of a round in which every row verifies n tokens."""
+        return self.round_verify_s(n) / self._rows
+
+    def _curve(self, rows: int, n: int) -> float:
+        """The profiled cost of verifying n tokens in each of `rows` rows; one unit each without
+        a curve."""
+        return 1.0 if self.cost is None else self.cost.batch_cost(rows, n)
 
     def speculation_rate(self) -> float:
-        """Committed tokens per modelled second of the recent speculative rounds (0 before any)."""
+        """A row's committed tokens per modelled second (its share) of the recent speculative
+        rounds (0 before any)."""
         if self._spec_round_s.value is None:
             return 0.0
         return self._spec_tokens.value / self._spec_round_s.value
 
     def plain_rate(self) -> float:
-        """Tokens per second of plain decoding: one over the scaled one-token cost."""
-        return 1.0 / self.verify_s(1)
+        """A row's tokens per second of plain decoding: one over its share of the batch's scaled
+        one-token cost."""
+        return 1.0 / self.row_verify_s(1)
 
     @property
     def speculating(self) -> bool:

@@ -196,7 +196,7 @@ class BenchCommand(TargetPlacement):
         if self.policy == "threshold" and self.min_path_confidence is not None:
             options["min_path_confidence"] = self.min_path_confidence
         if self.policy == DEFAULT_POLICY and target is not None:
-            options["cost"] = cost_curve(target, self.target)
+            options["cost"] = cost_curve(target, self.target, rows=self.batch_size)
         return build_policy(self.policy, **options)
 
 
@@ -233,13 +233,18 @@ def parse_tree(spec: str) -> TreeShape | Literal["auto"] | None:
         ) from None
 
 
-def cost_curve(target, name: str):
-    """The target's stored verification cost on this device (`draftsmith profile`), measured and
-    stored now when there is none."""
+def cost_curve(target, name: str, rows: int = 1):
+    """The target's stored verification cost on this device (`draftsmith profile`): the curve
+    timed over `rows` rows where there is one, else the one-row curve, measured and stored now
+    when there is none."""
     from draftsmith.core.parallel import is_main_process, placement
     from draftsmith.decoding.profile import CostCurve, profile_target
 
-    path = CostCurve.default_path(name, target.dtype, str(target.device), placement(target))
+    where = (name, target.dtype, str(target.device), placement(target))
+    batched = CostCurve.default_path(*where, rows=rows)
+    if rows > 1 and batched.is_file():
+        return CostCurve.load(batched)
+    path = CostCurve.default_path(*where)
     if path.is_file():
         return CostCurve.load(path)
     if is_main_process():

@@ -37,9 +37,12 @@ class ProfileCommand(TargetPlacement):
     """Positions in the target's KV cache before each timed block."""
     repeats: int = 5
     """Timed runs per block size (the fastest is kept), after one warm-up."""
+    rows: int = 1
+    """Rows verified together in each timed forward: the batch size the curve is for
+    (`draftsmith bench --batch-size N` reads the curve of N rows where there is one)."""
     out: Path | None = None
     """Where to write the curve; None: $DRAFTSMITH_HOME/profiles/ (default ~/.cache/draftsmith),
-    named after the target, its dtype and the device kind, where the decoder looks."""
+    named after the target, its dtype, the device kind and the rows, where the decoder looks."""
 
     def run(self) -> CostCurve:
         import torch
@@ -61,6 +64,7 @@ class ProfileCommand(TargetPlacement):
             max_tokens=self.max_tokens,
             context=self.context,
             repeats=self.repeats,
+            rows=self.rows,
             name=self.target,
         )
         if self.drafter:
@@ -68,7 +72,9 @@ class ProfileCommand(TargetPlacement):
             curve.draft_step_s = _draft_step(model, drafter, self.context, self.repeats)
             curve.drafter = self.drafter
         if report:
-            out = self.out or CostCurve.default_path(self.target, curve.dtype, curve.device, spread)
+            out = self.out or CostCurve.default_path(
+                self.target, curve.dtype, curve.device, spread, rows=self.rows
+            )
             curve.save(out)
             print(format_curve(curve))
             print(f"wrote {out} (torch threads: {torch.get_num_threads()})")
@@ -93,8 +99,9 @@ def _draft_step(model: PreTrainedModel, drafter: Drafter, context: int, repeats:
 
 
 def format_curve(curve: CostCurve) -> str:
-    """The curve as a table: tokens, milliseconds, and cost relative to one token."""
-    lines = [f"{'tokens':>6}  {'ms':>9}  {'x 1 token':>9}"]
+    """The curve as a table: tokens (per row), milliseconds, and cost relative to one token."""
+    lines = [] if curve.rows == 1 else [f"{curve.rows} rows, each verifying:"]
+    lines.append(f"{'tokens':>6}  {'ms':>9}  {'x 1 token':>9}")
     for n, seconds in zip(curve.tokens, curve.verify_s, strict=True):
         lines.append(f"{n:>6}  {seconds * 1e3:>9.3f}  {curve.relative(n):>9.2f}")
     if curve.draft_step_s is not None:
