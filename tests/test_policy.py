@@ -258,6 +258,15 @@ def test_cost_aware_plans_a_batch_on_the_cost_of_the_batch_forward(cost, drafts_
     assert {rows: policy.shape(rows=rows).max_tokens > 0 for rows in drafts_at} == drafts_at
 
 
+def test_cost_aware_cuts_each_rows_tree_to_its_share_of_the_batch_forward():
+    draft = Draft(tokens=torch.arange(4), values=torch.tensor([0.9, 0.8, 0.7, 0.6]))
+    policy = CostAwarePolicy(tree=TreeShape(top_k=4, depth=4, total_tokens=16), cost=_SATURATING)
+    policy.shape(rows=1)
+    assert len(policy.trim(draft)) == 3  # 4 tokens verify for one token's cost; a 5th costs more
+    policy.shape(rows=8)
+    assert len(policy.trim(draft)) == 0  # 8 rows of 2 tokens already cost 4 plain steps
+
+
 def _batch_round(committed: list[int], drafted: list[int], draft_s: float, round_s: float):
     return [
         RoundOutcome(Draft(tokens=torch.arange(d)), list(range(c - 1)), draft_s, round_s)
