@@ -19,6 +19,7 @@ from draftsmith.decoding.policies import (
     ConfidenceModulatedPolicy,
     RoundOutcome,
     SpecDecPlusPlusPolicy,
+    cost_aware,
 )
 from draftsmith.decoding.profile import CostCurve
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
@@ -161,6 +162,48 @@ def test_cost_aware_stops_where_the_curve_steps_up(llama):
         recalibrate=False,
     )
     assert len(_decode(llama, policy).drafted_by_position) == 3
+
+
+class TickingClock:
+    """Stands in for perf_counter in the cost-aware policy: each reading is `tick` s later."""
+
+    def __init__(self, monkeypatch, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+        monkeypatch.setattr(cost_aware, "perf_counter", self)
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@pytest.mark.parametrize(("step_s", "drafted"), [(0.0, 8), (0.5, 3)])
+def test_the_first_round_stops_once_a_drafter_step_costs_more_than_it_adds(
+    monkeypatch, step_s, drafted
+):
+    """No round has been timed yet, so the stop rule times the drafter's steps itself: at half a
+    verification a step, with 0.9 acceptance, a 3-token chain is worth most (E / (0.5 n + 1))."""
+    TickingClock(monkeypatch, step_s)
+    policy = CostAwarePolicy(
+        cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.9), recalibrate=False
+    )
+    assert _stop_length(policy, torch.zeros(1, 16)) == drafted
+
+
+def test_each_rows_chain_is_cut_on_its_own_acceptance(monkeypatch):
+    """Two rows' chains at a batch: the confident one keeps a token, the unsure one none (both
+    stop rules were made before either row drafted)."""
+    TickingClock(monkeypatch, 0.0)
+    cost = CostCurve(tokens=[1, 2, 4, 6, 8], verify_s=[1.0, 1.0, 1.2, 4.0, 6.0], context=8)
+    policy = CostAwarePolicy(cost=cost, recalibrate=False)  # raw top-1 probability
+    policy.shape(rows=2)
+    confident, unsure = torch.full((1, 1000), -20.0), torch.zeros(1, 1000)
+    confident[0, 0] = 0.0
+    stops = [policy.stop_fn(), policy.stop_fn()]
+    for stop, logits in zip(stops, [confident, unsure], strict=True):
+        for position in range(3):
+            stop(position, logits)
+    kept = [len(policy.trim(Draft(tokens=torch.arange(3)))) for _ in range(2)]
+    assert kept == [1, 0]
 
 
 def _round(committed: int, round_s: float, drafted: int = 4) -> RoundOutcome:

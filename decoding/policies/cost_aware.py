@@ -8,6 +8,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 
 from transformers import PreTrainedModel
 
@@ -35,25 +36,37 @@ class _MovingAverage:
 class _DraftCost:
     """Seconds of drafting n tokens, fixed + per_token * n, fitted by least squares on moving
     averages of the rounds' (n, seconds): a round's fixed part (catching up on the tokens just
-    committed) is not charged to each drafted token."""
+    committed) is not charged to each drafted token. Until a round is fitted, and where every
+    round drafted (nearly) one length so there is no slope to fit, per_token is the measured
+    time between a chain's consecutive tokens (`add_step`): one drafter step, so the very first
+    round, whose drafting also holds the drafter's reading of the prompt, already stops drafting
+    where more tokens cost more than they are expected to give."""
 
     weight: float
     _moments: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, s, n*n, n*s, count
+    _step: _MovingAverage = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._step = _MovingAverage(self.weight)
 
     def add(self, n: int, seconds: float) -> None:
         keep = 1 - self.weight
         for i, x in enumerate((n, seconds, n * n, n * seconds, 1.0)):
             self._moments[i] = keep * self._moments[i] + self.weight * x
 
+    def add_step(self, seconds: float) -> None:
+        """One drafter step's seconds: from one drafted token of a chain to the next."""
+        self._step.add(seconds)
+
     @property
     def per_token(self) -> float:
         n, s, nn, ns, count = self._moments
         if count == 0 or n == 0:
-            return 0.0
+            return self._step.value or 0.0
         n, s, nn, ns = n / count, s / count, nn / count, ns / count
         spread = nn - n * n
         if spread < 0.25:  # drafts of (nearly) one length: no slope to fit
-            return s / n
+            return s / n if self._step.value is None else min(self._step.value, s / n)
         return max((ns - n * s) / spread, 0.0)
 
     @property
@@ -73,7 +86,7 @@ class CostAwarePolicy(DraftPolicy):
 
     is the round's expected committed tokens per second (verify_cost from `cost`, the target's
     measured curve, scaled to the rounds timed now; the drafting cost fitted on the rounds so
-    far). Drafting goes on while some longer draft, each further token accepted with probability
+    far, and before any, the drafter's steps as the stop rule times them). Drafting goes on while some longer draft, each further token accepted with probability
     a_n, is expected to beat value(n); the draft is then cut to the prefix of best value, drafting
     cost spent (possibly to nothing: the round is a plain step). Nothing is drafted while even a
     chain the target would accept whole could not beat a plain step. A tree (`tree` set) is cut
@@ -127,7 +140,8 @@ class CostAwarePolicy(DraftPolicy):
     _spec_round_s: _MovingAverage = field(init=False, repr=False)
     """Modelled seconds of the speculative rounds: drafting plus the scaled verification."""
     _budget: int | None = field(default=None, init=False, repr=False)
-    _round_acceptance: list[float] = field(default_factory=list, init=False, repr=False)
+    _round_acceptance: list[list[float]] = field(default_factory=list, init=False, repr=False)
+    """Per row of this round, in row order, the acceptance of each token its chain drafted."""
     _rows: int = field(default=1, init=False, repr=False)
     """Rows decoding together this round."""
     _drafted: int = field(default=0, init=False, repr=False)
@@ -175,7 +189,7 @@ class CostAwarePolicy(DraftPolicy):
     # -- planning ----------------------------------------------------------------------------
 
     def shape(self, rows: int = 1) -> TreeShape:
-        self._rows, self._drafted = rows, 0
+        self._rows, self._drafted, self._round_acceptance = rows, 0, []
         if self._plain_left > 0:
             return PLAIN
         shape = self.largest
@@ -198,15 +212,22 @@ class CostAwarePolicy(DraftPolicy):
         )
 
     def stop_fn(self) -> StopFn | None:
-        self._round_acceptance = []
+        """A row's stop rule for this round (one per row, asked for in row order)."""
         if self.cost is None or self.tree is not None:
             return None
-        fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_token
-        path, expected = 1.0, 1.0
+        accepted: list[float] = []
+        self._round_acceptance.append(accepted)
+        fixed_s = self._row_draft_fixed_s()
+        path, expected, last_token_at = 1.0, 1.0, None
 
         def no_longer_draft_pays(position: int, _: dict[str, float], acceptance: float) -> bool:
-            nonlocal path, expected
-            self._round_acceptance.append(acceptance)
+            nonlocal path, expected, last_token_at
+            now_at = perf_counter()
+            if last_token_at is not None:
+                self._draft_cost.add_step(now_at - last_token_at)
+            last_token_at = now_at
+            step_s = self._draft_cost.per_token
+            accepted.append(acceptance)
             path *= acceptance
             expected += path
             n = position + 1
@@ -228,16 +249,19 @@ class CostAwarePolicy(DraftPolicy):
             return draft
         if self.tree is not None:
             return self._trim_tree(draft)
-        if len(self._round_acceptance) != len(draft):  # a drafter that ignored the stop rule
+        # Rows are trimmed in the order their stop rules were made.
+        accepted = self._round_acceptance.pop(0) if self._round_acceptance else []
+        if len(accepted) != len(draft):  # a drafter that ignored the stop rule
             return draft
-        return draft.subtree(range(self._best_prefix(len(draft))))
+        return draft.subtree(range(self._best_prefix(accepted)))
 
-    def _best_prefix(self, drafted: int) -> int:
-        """The chain prefix of best value, the cost of drafting `drafted` tokens spent."""
-        spent = self._row_draft_fixed_s() + drafted * self._draft_cost.per_token
+    def _best_prefix(self, accepted: list[float]) -> int:
+        """The chain prefix of best value, the cost of drafting the whole chain spent; accepted
+        holds each drafted token's acceptance."""
+        spent = self._row_draft_fixed_s() + len(accepted) * self._draft_cost.per_token
         best, best_value = 0, 1.0 / (spent + self.row_verify_s(1))
         path, expected = 1.0, 1.0
-        for n, acceptance in enumerate(self._round_acceptance, start=1):
+        for n, acceptance in enumerate(accepted, start=1):
             path *= acceptance
             expected += path
             value = expected / (spent + self.row_verify_s(n + 1))
