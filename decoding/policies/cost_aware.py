@@ -86,9 +86,10 @@ class CostAwarePolicy(DraftPolicy):
 
     is the round's expected committed tokens per second (verify_cost from `cost`, the target's
     measured curve, scaled to the rounds timed now; the drafting cost fitted on the rounds so
-    far, and before any, the drafter's steps as the stop rule times them). Drafting goes on while some longer draft, each further token accepted with probability
-    a_n, is expected to beat value(n); the draft is then cut to the prefix of best value, drafting
-    cost spent (possibly to nothing: the round is a plain step). Nothing is drafted while even a
+    far, and before any, the drafter's steps as the stop rule times them). Drafting goes on
+    while some longer draft, each further token accepted with probability a_n, is expected to
+    beat value(n); the draft is then cut to the prefix of best value, drafting cost spent
+    (possibly to nothing: the round is a plain step). Nothing is drafted while even a
     chain the target would accept whole could not beat a plain step. A tree (`tree` set) is cut
     to the size of best value under the same curve (`best_budget`), and the next round drafts up
     to twice that.
