@@ -212,14 +212,16 @@ class SpeculativeDecoder:
     ) -> list[Draft]:
         """Each active row's draft of the policy's shape this round, trimmed by the policy."""
         shape = self.policy.shape(rows=len(active))
+        acceptance = self.policy.acceptance_fn() or raw_acceptance
         # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
+        # Each row gets its own stop rule: it follows that row's chain.
         requests = [
             DraftRequest(
                 shape.capped(max_new - len(row.generated) - 1),
                 sampling,
                 row.generator,
                 self.policy.stop_fn(),
-                self.policy.acceptance_fn() or raw_acceptance,
+                acceptance,
             )
             for row in active
         ]

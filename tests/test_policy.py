@@ -345,8 +345,12 @@ def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
 class RecordingPolicy(CostAwarePolicy):
     """Cost-aware, recording the rows each round opened with and the outcomes it observed."""
 
+    def __post_init__(self) -> None:
+        self.rounds: list[list[int | None]] = []
+        super().__post_init__()
+
     def shape(self, rows: int = 1) -> TreeShape:
-        self.rounds = [*getattr(self, "rounds", []), [rows, None]]
+        self.rounds.append([rows, None])
         return super().shape(rows)
 
     def observe_round(self, outcomes) -> None:
