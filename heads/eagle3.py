@@ -5,7 +5,8 @@ The layout is the one the EAGLE repository, SpecForge, speculators, vLLM and SGL
 weights map one to one onto theirs (`draftsmith.artifact.engines`). Per row t: `fc` (3H -> H, no
 bias) fuses the target's features of position t - 1 from three layers; the decoder layer's
 q/k/v projections read 2H, the concatenation of `input_layernorm(embedding of token t)` and
-`hidden_norm(fused)`, while its residual stream starts at the un-normalised fused feature; then
+`hidden_norm(fused)`, while its residual stream starts at the un-normalised fused feature
+(`hidden_norm(fused)` with `norm_before_residual`, vLLM's variant); then
 the standard `post_attention_layernorm` and MLP. Logits are `lm_head(norm(h))` over the draft
 vocabulary, and the next draft step is fed the un-normalised `h`. Training unrolls `num_steps`
 steps on the head's own outputs (the training-time test, see `FeatureRecurrentHead`).
@@ -52,6 +53,9 @@ class Eagle3Config(DraftVocabConfig, StepsConfig):
     norm_before_fc: bool = False
     """RMS-normalise the concatenated features before `fc` (weight `input_norm`): the variant
     speculators, SGLang and recent vLLM load as `norm_before_fc`."""
+    norm_before_residual: bool = False
+    """Start the layer's residual stream at `hidden_norm(hidden)` instead of the raw hidden: the
+    variant speculators and vLLM load as `norm_before_residual` (SGLang does not compute it)."""
     standardize_fc_init: bool = True
     """Initialise `fc` for standardised inputs: its weights on each feature channel are divided
     by that channel's RMS over a sample of training rows, before training. Targets carry a few
@@ -72,9 +76,10 @@ class Eagle3DecoderLayer(nn.Module):
     `hidden_norm`. Parameter names are the reference ones (`self_attn.*`, `mlp.*`,
     `input_layernorm`, `hidden_norm`, `post_attention_layernorm`)."""
 
-    def __init__(self, target_config: PretrainedConfig) -> None:
+    def __init__(self, target_config: PretrainedConfig, norm_before_residual: bool = False) -> None:
         super().__init__()
         text = text_config(target_config)
+        self.norm_before_residual = norm_before_residual
         layer, self.rotary = build_decoder_layer(text)
         parts = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
         if any(not hasattr(layer, name) for name in parts):
@@ -100,9 +105,10 @@ class Eagle3DecoderLayer(nn.Module):
         """hidden (B, T, H) (fused features or the previous step's output) and token embeddings
         (B, T, H) at positions (T,) -> (B, T, H); mask and cache as `blocks.layer_inputs`."""
         inputs = layer_inputs(hidden, positions, mask, self.rotary, self._cache_argument, cache)
-        both = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        both = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         attended, _ = self.self_attn(both, **inputs)
-        hidden = hidden + attended
+        hidden = (normed if self.norm_before_residual else hidden) + attended
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -149,7 +155,7 @@ class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
             width = len(self.target_feature_layers) * hidden
             self.input_norm = rms_norm(text, width) if config.norm_before_fc else None
             self.fc = nn.Linear(width, hidden, bias=False)
-            self.midlayer = Eagle3DecoderLayer(text)
+            self.midlayer = Eagle3DecoderLayer(text, config.norm_before_residual)
             self.norm = rms_norm(text)
             self.lm_head = nn.Linear(hidden, config.draft_vocab_size or vocab, bias=False)
         self._target = None

@@ -8,11 +8,11 @@ transformers and datasets than draftsmith), driven by tests/test_speculators_par
         speculators' Eagle3SpeculatorConfig / Eagle3DraftModel and write the first draft
         step's logits over the draft vocabulary for INPUTS (safetensors: `hidden_states`
         (1, T, 3H), row t the target features of position t - 1; `input_ids` (1, T)) to OUT.
-    python scripts/speculators_parity.py make VERIFIER OUT LAYERS DRAFT_VOCAB
+    python scripts/speculators_parity.py make VERIFIER OUT LAYERS DRAFT_VOCAB [NORM_BEFORE_RESIDUAL]
         Build a random EAGLE-3 head with speculators for the target checkpoint folder VERIFIER
         (feature layers LAYERS, e.g. 2,4,5, in speculators' numbering; a draft vocabulary of
-        the DRAFT_VOCAB lowest ids plus every third id), and save it to OUT with speculators'
-        save_pretrained.
+        the DRAFT_VOCAB lowest ids plus every third id; norm_before_residual "true" or "false",
+        the default), and save it to OUT with speculators' save_pretrained.
 
 Offline throughout: the verifier is a local folder, never a hub id.
 """
@@ -63,7 +63,9 @@ def first_step_logits(folder: str, inputs: str, out: str) -> None:
     save_file({"logits": captured[0].float().contiguous()}, out)
 
 
-def make(verifier: str, out: str, layers: str, draft_vocab: int) -> None:
+def make(
+    verifier: str, out: str, layers: str, draft_vocab: int, norm_before_residual: bool
+) -> None:
     vocab = AutoConfig.from_pretrained(verifier).vocab_size
     chosen = sorted(set(range(draft_vocab // 2)) | set(range(0, vocab, 3)))[:draft_vocab]
     ids = torch.tensor(chosen)
@@ -80,7 +82,7 @@ def make(verifier: str, out: str, layers: str, draft_vocab: int) -> None:
         verifier_name_or_path=verifier,
         target_layer_ids=[int(i) for i in layers.split(",")],
         draft_vocab_size=draft_vocab,
-        norm_before_residual=False,
+        norm_before_residual=norm_before_residual,
         ttt_steps=3,
         draft_attn_impl="sdpa",
     )
@@ -96,6 +98,7 @@ if __name__ == "__main__":
     if command == "logits":
         first_step_logits(*args)
     elif command == "make":
-        make(args[0], args[1], args[2], int(args[3]))
+        norm_before_residual = (args[4:] or ["false"])[0] == "true"
+        make(args[0], args[1], args[2], int(args[3]), norm_before_residual)
     else:
         sys.exit(__doc__)

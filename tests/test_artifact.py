@@ -232,7 +232,7 @@ def test_no_artifact_at_all(target, tmp_path):
             {"head": {"num_steps": 2, "wings": 2}},
             r"config.json: the eagle3 head config does not fit: unknown key 'head.wings' in "
             r"Eagle3Config; valid keys: seed, num_steps, draft_vocab_size, feature_layers, "
-            r"norm_before_fc, standardize_fc_init\. "
+            r"norm_before_fc, norm_before_residual, standardize_fc_init\. "
             r"Correct it",
         ),
         ({"head": {"num_steps": 0}}, "eagle3 head config.*num_steps must be at least 1"),

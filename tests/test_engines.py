@@ -60,6 +60,7 @@ CASES = [
     ("eagle3", {"draft_vocab_size": 64}, "sglang"),
     ("eagle3", {"norm_before_fc": True}, "speculators"),
     ("eagle3", {"norm_before_fc": True, "draft_vocab_size": 64}, "sglang"),
+    ("eagle3", {"norm_before_residual": True, "draft_vocab_size": 64}, "speculators"),
     ("medusa", {"num_steps": 4}, "vllm-medusa"),
     ("medusa", {"num_steps": 3, "draft_vocab_size": 64}, "vllm-medusa"),
 ]
@@ -178,6 +179,7 @@ def test_the_medusa_repository_layout_imports(target, tmp_path):
         ("eagle3", {}, "vllm-medusa", "holds Medusa heads, not eagle3"),
         ("eagle3", {"feature_layers": [2, 5]}, "sglang", "fuses exactly 3 target layers"),
         ("eagle3", {"feature_layers": [2, 4, LAYERS]}, "speculators", "final norm"),
+        ("eagle3", {"norm_before_residual": True}, "sglang", "norm_before_residual.*speculators"),
     ],
 )
 def test_what_a_format_cannot_hold_is_refused_and_nothing_is_written(
@@ -207,18 +209,24 @@ def test_a_reduced_vocabulary_without_d2t_is_refused(target, tmp_path):
         import_head(tmp_path / "o", target)
 
 
-@pytest.mark.parametrize("value", [True, None])
-def test_a_speculators_head_normalised_before_the_residual_is_refused(value, target, tmp_path):
-    export_head(_head("eagle3", target), target, tmp_path / "o", "speculators", verifier="t")
+@pytest.mark.parametrize(("trained", "written"), [(True, None), (False, False), (True, True)])
+def test_a_speculators_norm_before_residual_is_read_as_vllm_reads_it(
+    trained, written, target, tmp_path
+):
+    """The flag decides the residual; vLLM reads an absent one as true, and so does the import."""
+    head = _head("eagle3", target, norm_before_residual=trained)
+    export_head(head, target, tmp_path / "o", "speculators", verifier="t")
     file = tmp_path / "o" / "config.json"
     config = json.loads(file.read_text())
-    if value is None:
-        del config["norm_before_residual"]  # vLLM reads absent as true
-    else:
-        config["norm_before_residual"] = value
-    file.write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="norm_before_residual"):
-        import_head(tmp_path / "o", target)
+    assert config["norm_before_residual"] is trained
+    if written is None:
+        del config["norm_before_residual"]
+        file.write_text(json.dumps(config))
+    imported = import_head(tmp_path / "o", target)
+    assert imported.config.norm_before_residual is trained
+    torch.testing.assert_close(_drafts(imported, target).probs, _drafts(head, target).probs)
+    other = _head("eagle3", target, norm_before_residual=not trained)
+    assert not torch.allclose(_drafts(other, target).probs, _drafts(head, target).probs)
 
 
 def test_a_pickled_checkpoint_is_refused_with_the_conversion(target, tmp_path):

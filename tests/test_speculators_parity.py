@@ -69,12 +69,13 @@ def _our_logits(head, hidden, input_ids) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("draft_vocab_size", "norm_before_fc"), [(None, False), (64, False), (64, True)]
+    ("draft_vocab_size", "variant"),
+    [(None, {}), (64, {}), (64, {"norm_before_fc": True}), (64, {"norm_before_residual": True})],
 )
 def test_speculators_loads_our_export_and_drafts_the_same(
-    draft_vocab_size, norm_before_fc, target, tmp_path
+    draft_vocab_size, variant, target, tmp_path
 ):
-    args = {"draft_vocab_size": draft_vocab_size, "norm_before_fc": norm_before_fc}
+    args = {"draft_vocab_size": draft_vocab_size, **variant}
     head = build_head("eagle3", target, args)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -91,11 +92,16 @@ def test_speculators_loads_our_export_and_drafts_the_same(
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
 
 
-def test_a_head_saved_by_speculators_imports_and_drafts_the_same(target, tmp_path):
+@pytest.mark.parametrize("norm_before_residual", ["false", "true"])
+def test_a_head_saved_by_speculators_imports_and_drafts_the_same(
+    norm_before_residual, target, tmp_path
+):
     target.save_pretrained(tmp_path / "verifier")
-    _speculators("make", str(tmp_path / "verifier"), str(tmp_path / "made"), "2,4,5", "64")
+    made = str(tmp_path / "made")
+    _speculators("make", str(tmp_path / "verifier"), made, "2,4,5", "64", norm_before_residual)
     head = import_head(tmp_path / "made", target)
     assert head.target_feature_layers == (2, 4, 5)
+    assert head.config.norm_before_residual is (norm_before_residual == "true")
     hidden, input_ids, inputs = _inputs(target, head, tmp_path)
     _speculators("logits", str(tmp_path / "made"), str(inputs), str(tmp_path / "theirs.st"))
     theirs = load_file(str(tmp_path / "theirs.st"))["logits"]

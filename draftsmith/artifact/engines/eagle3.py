@@ -71,8 +71,8 @@ def write_speculators(
         "speculators_version": SPECULATORS_VERSION,
         "draft_vocab_size": head.draft_vocab_size or vocab,
         "target_hidden_size": text.hidden_size,
-        # vLLM assumes true when it is absent; draftsmith's layer keeps the raw residual.
-        "norm_before_residual": False,
+        # Always written: vLLM assumes true when it is absent.
+        "norm_before_residual": head.midlayer.norm_before_residual,
         "norm_before_fc": head.input_norm is not None,
         "fc_norm": False,
         "norm_output": False,
@@ -106,6 +106,13 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path) -> None:
     """Write head in SGLang's LlamaForCausalLMEagle3 format into out (SGLang's launch flags,
     not the config, choose how many tokens to draft)."""
     text, layers = _exportable(head, target)
+    if head.midlayer.norm_before_residual:
+        raise ValueError(
+            "the head was trained with norm_before_residual (its residual starts at the "
+            "normalised hidden state), which SGLang's EAGLE-3 layer does not compute: export it "
+            "with --format speculators (vLLM serves it) or train with "
+            "head_args.norm_before_residual=false"
+        )
     ids = engine_layer_ids(list(head.target_feature_layers), layers, "sglang")
     vocab = text.vocab_size
     d2t = head.d2t if head.draft_vocab_size is not None else torch.arange(vocab)
@@ -193,13 +200,6 @@ def read_speculators(
             raise ValueError(
                 f"{where}: {flag}: true is an EAGLE-3 variant draftsmith's layer does not compute"
             )
-    # vLLM reads an absent norm_before_residual as true.
-    if config.get("norm_before_residual", True):
-        raise ValueError(
-            f"{where}: norm_before_residual is true (or absent, which vLLM reads as true): the "
-            "layer's residual starts at the normalised hidden state, a variant draftsmith's "
-            "EAGLE-3 layer (the EAGLE repository's, with the raw residual) does not compute"
-        )
     layer = config.get("transformer_layer_config") or {}
     _check_one_layer(layer, tensors, where)
     check_layer_config(layer, target.config, where)
@@ -214,8 +214,13 @@ def read_speculators(
         ("midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name): t
         for name, t in tensors.items()
     }
-    norm_before_fc = bool(config.get("norm_before_fc"))
-    return _draftsmith_head(config, renamed, feature_layers, norm_before_fc, target, where)
+    head_config, tensors = _draftsmith_head(
+        config, renamed, feature_layers, bool(config.get("norm_before_fc")), target, where
+    )
+    # vLLM reads an absent norm_before_residual as true, so the import does too.
+    if config.get("norm_before_residual", True):
+        head_config["norm_before_residual"] = True
+    return head_config, tensors
 
 
 def read_eagle(
