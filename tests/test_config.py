@@ -120,6 +120,7 @@ def test_saved_config_loads_back_equal(tmp_path):
         "draft_vocab_size": None,
         "feature_layers": None,
         "norm_before_fc": False,
+        "norm_before_residual": False,
         "standardize_fc_init": True,
     }
 
