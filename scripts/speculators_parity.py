@@ -98,7 +98,6 @@ if __name__ == "__main__":
     if command == "logits":
         first_step_logits(*args)
     elif command == "make":
-        norm_before_residual = (args[4:] or ["false"])[0] == "true"
-        make(args[0], args[1], args[2], int(args[3]), norm_before_residual)
+        make(args[0], args[1], args[2], int(args[3]), args[4:5] == ["true"])
     else:
         sys.exit(__doc__)

@@ -214,13 +214,12 @@ def read_speculators(
         ("midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name): t
         for name, t in tensors.items()
     }
-    head_config, tensors = _draftsmith_head(
-        config, renamed, feature_layers, bool(config.get("norm_before_fc")), target, where
-    )
-    # vLLM reads an absent norm_before_residual as true, so the import does too.
-    if config.get("norm_before_residual", True):
-        head_config["norm_before_residual"] = True
-    return head_config, tensors
+    variants = {
+        "norm_before_fc": bool(config.get("norm_before_fc")),
+        # vLLM reads an absent norm_before_residual as true, so the import does too.
+        "norm_before_residual": bool(config.get("norm_before_residual", True)),
+    }
+    return _draftsmith_head(config, renamed, feature_layers, variants, target, where)
 
 
 def read_eagle(
@@ -239,13 +238,15 @@ def read_eagle(
         if ids
         else default_engine_feature_layers(layers)
     )
-    norm_before_fc = bool(config.get("norm_before_fc") or eagle_config.get("norm_before_fc"))
+    variants = {
+        "norm_before_fc": bool(config.get("norm_before_fc") or eagle_config.get("norm_before_fc"))
+    }
     for flag in ("fc_norm", "use_aux_norm", "norm_output"):
         if config.get(flag) or eagle_config.get(flag):
             raise ValueError(
                 f"{where}: {flag}: true is an EAGLE-3 variant draftsmith's layer does not compute"
             )
-    return _draftsmith_head(config, tensors, feature_layers, norm_before_fc, target, where)
+    return _draftsmith_head(config, tensors, feature_layers, variants, target, where)
 
 
 def _check_one_layer(layer_config: dict, tensors: dict[str, torch.Tensor], where: Path) -> None:
@@ -262,12 +263,13 @@ def _draftsmith_head(
     config: dict[str, Any],
     tensors: dict[str, torch.Tensor],
     feature_layers: list[int],
-    norm_before_fc: bool,
+    variants: dict[str, bool],
     target: PreTrainedModel,
     where: Path,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The head config and state dict, the vocabulary maps translated and checked, and the
-    engines' copy of the target's embeddings dropped (draftsmith shares the target's)."""
+    """The head config (with the layout `variants` that are on) and state dict, the vocabulary
+    maps translated and checked, and the engines' copy of the target's embeddings dropped
+    (draftsmith shares the target's)."""
     text = target.config.get_text_config()
     vocab = text.vocab_size
     tensors = dict(tensors)
@@ -284,8 +286,7 @@ def _draftsmith_head(
     draft_size = config.get("draft_vocab_size") or (None if lm_head is None else lm_head.shape[0])
     offsets, mask = tensors.pop("d2t", None), tensors.pop("t2d", None)
     head_config: dict[str, Any] = {"feature_layers": feature_layers}
-    if norm_before_fc:
-        head_config["norm_before_fc"] = True
+    head_config.update({name: True for name, on in variants.items() if on})
     if draft_size is not None and draft_size != vocab:
         if offsets is None:
             raise ValueError(
