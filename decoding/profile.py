@@ -27,6 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 from draftsmith.core.cache import cache_argument, crop_cache
 from draftsmith.core.parallel import shards_agree
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.small_rows import small_rows
 from draftsmith.core.zoo import default_home
 from draftsmith.heads.base import Drafter
 
@@ -241,7 +242,8 @@ def profile_target(
 
     def verify(block: torch.Tensor) -> Callable[[], None]:
         def run() -> None:
-            model(input_ids=block, use_cache=True, **{cache_kw: cache})
+            with small_rows(model, block.numel()):  # as `Target.extend` runs it
+                model(input_ids=block, use_cache=True, **{cache_kw: cache})
             crop_cache(cache, context)
 
         return run

@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.ragged import RaggedTarget
+from draftsmith.core.small_rows import small_rows
 from draftsmith.core.target import TREE_ATTENTION
 from draftsmith.core.tree import additive_mask, chain_parents
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, register_drafter
@@ -88,12 +89,13 @@ class DraftModelDrafter(Drafter):
                 "attention_mask": additive_mask(visible, self.model.dtype).to(device),
                 "position_ids": positions[None].to(device),
             }
-        out = self.model(
-            input_ids=torch.tensor([new_tokens], dtype=torch.long, device=device),
-            use_cache=True,
-            **{self._cache_argument: self._own.kv},
-            **tree,
-        )
+        with small_rows(self.model, len(new_tokens)):
+            out = self.model(
+                input_ids=torch.tensor([new_tokens], dtype=torch.long, device=device),
+                use_cache=True,
+                **{self._cache_argument: self._own.kv},
+                **tree,
+            )
         self._own.extend(new_tokens)
         return out.logits[0].float()
 

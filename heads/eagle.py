@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
+from draftsmith.core.small_rows import small_rows
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, StatesHook, register_drafter
 from draftsmith.heads.blocks import (
@@ -270,10 +271,12 @@ class FeatureDrafter(Drafter):
             positions, visible = rows.add(nodes)
             tokens = [tree.tokens[n] for n in nodes]
             inputs = torch.stack([predicted[tree.parents[n]] for n in nodes])[None]
-            out = self.head.step(inputs, self._ids(tokens), positions, visible, self._own.kv)
+            with small_rows(self.head, len(nodes)):
+                out = self.head.step(inputs, self._ids(tokens), positions, visible, self._own.kv)
+                logits = self._target_logits(out)
             self._own.extend(tokens)
             predicted.update({n: out[0, i] for i, n in enumerate(nodes)})
-            return self._target_logits(out)
+            return logits
 
         return tree.grow(self._target_logits(hidden)[0], expand)
 
@@ -282,10 +285,11 @@ class FeatureDrafter(Drafter):
         feature of the newest row (1, 1, H)."""
         start, stop = len(self._own), len(self._committed)
         if start < stop:
-            fused = self.head.fuse(self._features.rows(start, stop))[None]
             mask = causal_mask(stop - start, start)
             ids = self._ids(self._committed[start:stop])
-            out = self.head.step(fused, ids, torch.arange(start, stop), mask, self._own.kv)
+            with small_rows(self.head, stop - start):
+                fused = self.head.fuse(self._features.rows(start, stop))[None]
+                out = self.head.step(fused, ids, torch.arange(start, stop), mask, self._own.kv)
             self._own.extend(self._committed[start:stop])
             self._features.release(stop)
             self._newest = out[:, -1:]

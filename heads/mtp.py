@@ -19,6 +19,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.small_rows import small_rows
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
 from draftsmith.heads.blocks import (
@@ -188,14 +189,15 @@ class MTPDrafter(Drafter):
         else:
             hidden = self._depths[k - 1].outputs[start : newest + 1]
         tokens = sequence[start + k : newest + 1 + k]
-        out = self.head.run_depth(
-            k,
-            hidden[None],
-            torch.tensor([tokens]),
-            torch.arange(start, newest + 1),
-            causal_mask(newest + 1 - start, start),
-            own.kv,
-        )
+        with small_rows(self.head, len(tokens)):
+            out = self.head.run_depth(
+                k,
+                hidden[None],
+                torch.tensor([tokens]),
+                torch.arange(start, newest + 1),
+                causal_mask(newest + 1 - start, start),
+                own.kv,
+            )
         own.extend(tokens, out[0])
 
     def commit(self, tokens: torch.Tensor, target_features: torch.Tensor | None = None) -> None:

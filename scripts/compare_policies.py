@@ -10,7 +10,8 @@ noise hits them alike; speed is reported as ratios to plain and to the first pol
 
 A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
 tree=auto|TOP_KxDEPTHxTOTAL, raw=1 to rank drafts by raw confidence instead of the artifact's
-calibration, and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
+calibration, small_rows=0 to run the linear layers as stock torch does (not weight-first,
+`draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. Prints a table per workload and, with
 --json, writes every figure with the command line.
 """
@@ -27,6 +28,7 @@ import torch
 
 from draftsmith.commands.bench import AUTO_TREE, cost_curve, parse_options, parse_tree
 from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.core import small_rows
 from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
@@ -51,6 +53,7 @@ def main() -> None:
     target, tokenizer = load_model(args.target, dtype=args.dtype)
     built = build_drafter(args.drafter, target, tokenizer, dtype=args.dtype)
     decoders = {}
+    weight_first = {}  # per policy: linear layers weight-first over a few rows (the default)
     for spec in args.policy:
         name, options = _parse_policy(spec, target, args.target)
         own = built
@@ -58,11 +61,15 @@ def main() -> None:
             artifact = options.pop("artifact")
             own = build_drafter(f"artifact:{artifact}", target, tokenizer, dtype=args.dtype)
         acceptance = None if options.pop("raw", 0) else own.acceptance
+        weight_first[spec] = bool(options.pop("small_rows", 1))
+        if name == "cost-aware" and not weight_first[spec]:
+            parser.error(f"--policy {spec}: small_rows=0 with cost-aware plans on the wrong curve")
         policy = build_policy(name, acceptance=acceptance, **options)
         decoders[spec] = SpeculativeDecoder(target, own.drafter, tokenizer, policy=policy)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     encoded = [tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in prompts]
-    for decoder in decoders.values():  # warm-up
+    for name, decoder in decoders.items():  # warm-up
+        small_rows.ENABLED = weight_first[name]
         decoder.generate(encoded[0], max_new_tokens=8, **sampling)
 
     # totals[workload][method]: every workload, and "overall".
@@ -88,6 +95,7 @@ def main() -> None:
             group["plain"]["wall_s"] += seconds["plain"]
             group["plain"]["tokens"] += len(plain)
         for name, decoder in decoders.items():
+            small_rows.ENABLED = weight_first[name]
             started = time.perf_counter()
             out = decoder.generate(ids, max_new_tokens=args.max_new_tokens, **sampling)
             wall = seconds[name] = time.perf_counter() - started

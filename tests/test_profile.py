@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from draftsmith import __version__
 from draftsmith.commands.cli import main
 from draftsmith.decoding import profile
 from draftsmith.decoding.profile import (
@@ -282,11 +283,24 @@ def test_bench_reads_the_curve_of_its_batch_size_where_one_is_stored(llama, tmp_
     from draftsmith.commands.bench import cost_curve
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
-    one_row = curve([1, 2], [1.0, 2.0])
+    one_row = curve([1, 2], [1.0, 2.0], draftsmith_version=__version__)
     one_row.save(CostCurve.default_path("tiny", "float32", "cpu"))
-    curve([1, 2], [3.0, 4.0], rows=4).save(CostCurve.default_path("tiny", "float32", "cpu", rows=4))
+    four = curve([1, 2], [3.0, 4.0], rows=4, draftsmith_version=__version__)
+    four.save(CostCurve.default_path("tiny", "float32", "cpu", rows=4))
     assert cost_curve(llama, "tiny", rows=4).rows == 4
     assert cost_curve(llama, "tiny", rows=2) == one_row  # none stored for 2 rows
+
+
+def test_bench_times_again_a_curve_another_draftsmith_timed(llama, tmp_path, monkeypatch, capsys):
+    from draftsmith.commands.bench import cost_curve
+
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    path = CostCurve.default_path("tiny", "float32", "cpu")
+    curve([1, 2], [1.0, 2.0], draftsmith_version="0.2.0").save(path)
+    measured = cost_curve(llama, "tiny")
+    assert measured.draftsmith_version == __version__ and measured.verify_s[0] < 1.0
+    assert "timed by draftsmith 0.2.0" in capsys.readouterr().out
+    assert CostCurve.load(path) == measured  # stored in its place
 
 
 def test_profile_command_with_a_drafter_writes_to_the_default_path(

@@ -236,17 +236,25 @@ def parse_tree(spec: str) -> TreeShape | Literal["auto"] | None:
 def cost_curve(target, name: str, rows: int = 1):
     """The target's stored verification cost on this device (`draftsmith profile`): the curve
     timed over `rows` rows where there is one, else the one-row curve, measured and stored now
-    when there is none."""
+    when there is none, or when the stored one was timed by another draftsmith version (whose
+    forward may cost differently)."""
+    from draftsmith import __version__
     from draftsmith.core.parallel import is_main_process, placement
     from draftsmith.decoding.profile import CostCurve, profile_target
 
     where = (name, target.dtype, str(target.device), placement(target))
     batched = CostCurve.default_path(*where, rows=rows)
-    if rows > 1 and batched.is_file():
-        return CostCurve.load(batched)
     path = CostCurve.default_path(*where)
-    if path.is_file():
-        return CostCurve.load(path)
+    for stored in ([batched] if rows > 1 else []) + [path]:
+        if stored.is_file():
+            curve = CostCurve.load(stored)
+            if curve.draftsmith_version == __version__:
+                return curve
+            if is_main_process():
+                print(
+                    f"{stored} was timed by draftsmith {curve.draftsmith_version or 'before 0.3'}"
+                    f", this is {__version__}: measuring it again"
+                )
     if is_main_process():
         print(f"measuring {name}'s verification cost for --tree auto (once; kept in {path})")
     positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 4096

@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from draftsmith.core.cache import cache_argument
+from draftsmith.core.small_rows import small_rows
 
 TREE_ATTENTION = ("eager", "sdpa")
 """Attention implementations that apply a custom 4D mask as given (tested); others, e.g. flash
@@ -134,15 +135,16 @@ class Target:
         everything = isinstance(logits_to_keep, int) and logits_to_keep == 0
         if isinstance(logits_to_keep, torch.Tensor):
             logits_to_keep = logits_to_keep.to(self.model.device)
-        out = self.model(
-            input_ids=tokens.to(self.model.device),
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **{self._cache_argument: self.cache},
-            output_hidden_states=bool(self.feature_layers),
-            **({} if everything else {"logits_to_keep": logits_to_keep}),
-        )
+        with small_rows(self.model, tokens.numel()):
+            out = self.model(
+                input_ids=tokens.to(self.model.device),
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **{self._cache_argument: self.cache},
+                output_hidden_states=bool(self.feature_layers),
+                **({} if everything else {"logits_to_keep": logits_to_keep}),
+            )
         return out.logits.float(), self._features(out.hidden_states)
 
 

@@ -1,0 +1,67 @@
+"""Weight-first linear layers for a few rows (`draftsmith.core.small_rows`)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_model
+from torch import nn
+
+from draftsmith.core import small_rows as small_rows_module
+from draftsmith.core.small_rows import MAX_ROWS, SmallRowsLinear, small_rows
+
+
+@pytest.fixture(autouse=True)
+def enabled(monkeypatch):
+    """As where torch's BLAS is MKL (DRAFTSMITH_SMALL_ROWS unset)."""
+    monkeypatch.setattr(small_rows_module, "ENABLED", True)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, MAX_ROWS, MAX_ROWS + 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_small_rows_linear_computes_what_linear_does(rows, bias):
+    torch.manual_seed(rows)
+    layer = nn.Linear(48, 80, bias=bias)
+    x = torch.randn(1, rows, 48)
+    expected = F.linear(x, layer.weight, layer.bias)
+    layer.__class__ = SmallRowsLinear
+    got = layer(x)
+    assert got.shape == expected.shape == (1, rows, 80)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_small_rows_swaps_float32_linears_within_the_block_only():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).bfloat16(), nn.Embedding(4, 8))
+    with small_rows(model, rows=4):
+        assert [type(m) for m in model] == [SmallRowsLinear, nn.Linear, nn.Embedding]
+        with small_rows(model, rows=4):  # nested: the outer block restores
+            assert type(model[0]) is SmallRowsLinear
+        assert type(model[0]) is SmallRowsLinear
+    assert [type(m) for m in model] == [nn.Linear, nn.Linear, nn.Embedding]
+    with pytest.raises(RuntimeError, match="inside"), small_rows(model, rows=4):
+        raise RuntimeError("inside")
+    assert type(model[0]) is nn.Linear
+
+
+@pytest.mark.parametrize("rows", [1, MAX_ROWS + 1])
+def test_small_rows_leaves_one_row_and_many_rows_alone(rows):
+    model = nn.Sequential(nn.Linear(8, 8))
+    with small_rows(model, rows):
+        assert type(model[0]) is nn.Linear
+
+
+def test_small_rows_turned_off_changes_nothing(monkeypatch):
+    monkeypatch.setattr(small_rows_module, "ENABLED", False)
+    model = nn.Sequential(nn.Linear(8, 8))
+    with small_rows(model, rows=4):
+        assert type(model[0]) is nn.Linear
+
+
+def test_a_forward_under_small_rows_matches_the_plain_forward():
+    model = tiny_model().eval()
+    ids = torch.randint(model.config.vocab_size, (1, 6))
+    with torch.no_grad():
+        plain = model(ids).logits
+        with small_rows(model, ids.numel()):
+            weight_first = model(ids).logits
+    torch.testing.assert_close(weight_first, plain, rtol=1e-4, atol=1e-5)
