@@ -1,0 +1,43 @@
+"""ms per linear call over a few rows, `F.linear` against weight-first ((W @ x^T)^T), on a ring
+of distinct weights (about 250 MB, so each is read from memory, as in a forward), fastest of 5.
+
+    python scripts/linear_ring_bench.py [THREADS]
+"""
+
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(576, 1536), (1536, 576), (1536, 8960), (8960, 1536), (576, 49152)]
+ROWS = [1, 2, 4, 8, 16, 32, 64]
+
+
+def per_call_ms(weights: list[torch.Tensor], op, rows: int, repeats: int = 5) -> float:
+    x = torch.randn(rows, weights[0].shape[1])
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for weight in weights:
+            op(x, weight)
+        best = min(best, time.perf_counter() - start)
+    return best / len(weights) * 1e3
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+    print("weight (K x N)  " + "  ".join(f"{r:>4} rows linear / w-first" for r in ROWS))
+    for k, n in SHAPES:
+        weights = [torch.randn(n, k) for _ in range(max(2, int(250e6 / (k * n * 4))))]
+        cells = []
+        for rows in ROWS:
+            stock = per_call_ms(weights, F.linear, rows)
+            first = per_call_ms(weights, lambda x, w: torch.mm(w, x.t()).t(), rows)
+            cells.append(f"{stock:8.2f} / {first:6.2f}")
+        print(f"{k:5d} x {n:5d}   " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
