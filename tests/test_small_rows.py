@@ -3,11 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_model
+from conftest import greedy_reference, perturbed_copy, tiny_model
 from torch import nn
 
+from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core import small_rows as small_rows_module
 from draftsmith.core.small_rows import MAX_ROWS, SmallRowsLinear, small_rows
+from draftsmith.heads import DraftModelDrafter
 
 
 @pytest.fixture(autouse=True)
@@ -63,5 +65,25 @@ def test_a_forward_under_small_rows_matches_the_plain_forward():
     with torch.no_grad():
         plain = model(ids).logits
         with small_rows(model, ids.numel()):
+            assert type(model.lm_head) is SmallRowsLinear
             weight_first = model(ids).logits
     torch.testing.assert_close(weight_first, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_the_decoder_verifies_and_drafts_weight_first(monkeypatch):
+    calls = []
+    forward = SmallRowsLinear.forward
+    monkeypatch.setattr(
+        SmallRowsLinear, "forward", lambda self, x: calls.append(x.shape) or forward(self, x)
+    )
+    target = tiny_model()
+    decoder = SpeculativeDecoder(
+        target,
+        DraftModelDrafter(perturbed_copy(target, scale=0.05)),
+        policy=FixedPolicy(max_draft_tokens=4),
+    )
+    prompt = torch.tensor([1, 2, 3])
+    assert decoder.generate(prompt, max_new_tokens=12).tokens == greedy_reference(
+        target, prompt, 12
+    )
+    assert any(shape[-2] > 1 for shape in calls)  # multi-token blocks ran weight-first
