@@ -103,15 +103,19 @@ class CostAwarePolicy(DraftPolicy):
 
     Falling back: the rate of the speculative rounds (committed tokens over the round's drafting
     seconds plus the scaled curve's cost of the tokens it verified, moving averages) is compared
-    with plain decoding's (one over the scaled one-token cost). Every round, plain or not, times
-    its verification and so sets the curve's scale. Judging rounds on the scaled curve rather than
-    on their own wall time keeps a busy machine's noise out of the comparison, noise that would
-    otherwise let a drafter whose tokens are all cut go on drafting. Once speculation is slower
-    after `min_rounds` rounds, the policy decodes plainly for `first_backoff` rounds, then probes
-    with `min_rounds` rounds of speculation; each probe that loses doubles the plain stretch (up
-    to `max_backoff`), one that wins resumes speculation. A plain stretch runs on into the next
-    request: a probe there would first have the drafter read the whole prompt, a cost plain
-    decoding never pays.
+    with plain decoding's (one over the scaled one-token cost). A round whose drafter first read
+    the prompt or a plain stretch is left out of that rate (its reading is a once-per-probe
+    cost, which for a draft model is a prefill of its own) but not out of what the probe lost.
+    Every round, plain or not, times its verification and so sets the curve's scale. Judging
+    rounds on the scaled curve rather than on their own wall time keeps a busy machine's noise
+    out of the comparison, noise that would otherwise let a drafter whose tokens are all cut go
+    on drafting. Speculation is first judged once it has run `min_rounds` rounds and drafted
+    `min_drafted` tokens: a round's committed tokens vary widely, and a few short drafts
+    rejected in a row say little about a drafter (while costing little). Once it is slower, the
+    policy decodes plainly for `first_backoff` rounds, then probes afresh; each probe that loses
+    doubles the plain stretch (up to `max_backoff`), one that wins resumes speculation. A plain
+    stretch runs on into the next request: a probe there would first have the drafter read the
+    whole prompt, a cost plain decoding never pays.
 
     What a probe costs bounds how often it runs: the seconds its rounds lost against plain
     decoding of the tokens they committed (the drafter's catching up on the prompt and the plain
@@ -125,7 +129,11 @@ class CostAwarePolicy(DraftPolicy):
     cost: CostCurve | None = None
     """The target's verification cost (`draftsmith profile`); None: measured at first use."""
     min_rounds: int = 2
-    """Speculative rounds seen before speculation is judged slower than plain decoding."""
+    """Speculative rounds seen (past the drafter's catching up) before speculation is judged
+    slower than plain decoding."""
+    min_drafted: int = 8
+    """Tokens drafted (all rows, cut ones included; past the catching up) before speculation is
+    judged slower than plain decoding."""
     first_backoff: int = 4
     """Plain rounds after speculation first loses."""
     max_backoff: int = 64
@@ -151,6 +159,7 @@ class CostAwarePolicy(DraftPolicy):
     """The previous round of this request drafted: the drafter had caught up, so this round's
     drafting time measures drafting alone (not the prompt or a plain stretch)."""
     _spec_rounds: int = field(default=0, init=False, repr=False)
+    _spec_drafted: int = field(default=0, init=False, repr=False)
     _spec_lost_s: float = field(default=0.0, init=False, repr=False)
     """Seconds the speculative rounds since the last judgement lost against plain decoding."""
     _plain_left: int = field(default=0, init=False, repr=False)
@@ -163,6 +172,8 @@ class CostAwarePolicy(DraftPolicy):
                 "need min_rounds >= 1 and 1 <= first_backoff <= max_backoff, got "
                 f"{self.min_rounds}, {self.first_backoff}, {self.max_backoff}"
             )
+        if self.min_drafted < 0:
+            raise ValueError(f"min_drafted must be >= 0, got {self.min_drafted}")
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         if not 0.0 < self.probe_budget <= 1.0:
@@ -185,6 +196,7 @@ class CostAwarePolicy(DraftPolicy):
         self._spec_tokens = _MovingAverage(self.smoothing)
         self._spec_round_s = _MovingAverage(self.smoothing)
         self._spec_rounds = 0
+        self._spec_drafted = 0
         self._spec_lost_s = 0.0
 
     # -- planning ----------------------------------------------------------------------------
@@ -309,23 +321,29 @@ class CostAwarePolicy(DraftPolicy):
             self._plain_left -= 1
             self._drafted_before = False
             return
-        if self._drafted and self._drafted_before:
+        catching_up = self._drafted > 0 and not self._drafted_before
+        if self._drafted and not catching_up:
             self._draft_cost.add(self._drafted, draft_s)
         self._drafted_before = self._drafted > 0
         modelled_s = draft_s + self.round_verify_s(width, rows)
         committed = sum(outcome.committed for outcome in outcomes)
-        self._spec_tokens.add(committed / rows)
-        self._spec_round_s.add(modelled_s / rows)
         # Plain decoding gives every row a token per one-token forward of the batch.
         self._spec_lost_s += modelled_s - committed / rows * self.round_verify_s(1, rows)
+        if catching_up:
+            # The drafter read the prompt or a plain stretch first: a cost paid once per request
+            # or probe (counted in what the probe lost), not a sample of speculation's rate.
+            return
+        self._spec_tokens.add(committed / rows)
+        self._spec_round_s.add(modelled_s / rows)
         self._spec_rounds += 1
-        if self._spec_rounds < self.min_rounds:
+        self._spec_drafted += self._drafted
+        if self._spec_rounds < self.min_rounds or self._spec_drafted < self.min_drafted:
             return
         if self.speculation_rate() >= self.plain_rate():
             self._backoff = self.first_backoff
             self._spec_lost_s = 0.0
             return
-        # Slower than plain: decode plainly for a while, then probe afresh for min_rounds.
+        # Slower than plain: decode plainly for a while, then probe afresh.
         plain_round_s = self.round_verify_s(1, rows)
         paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * plain_round_s))
         self._plain_left = max(self._backoff, paid_for)
