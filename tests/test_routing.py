@@ -217,10 +217,11 @@ def test_each_drafter_gets_the_columns_of_its_own_layers(llama):
     )
     ids = torch.cat([PROMPT, torch.tensor(greedy_reference(llama, PROMPT, 5))])
     for name, layers in [("a", (2, 0)), ("b", (1, 2))]:
-        # Alone, the target's features of every position but the newest, in the drafter's order.
+        # Alone, the target's features of every position but the newest, in the drafter's order
+        # (the rounds' forwards multiply weight-first, the prefill does not: float32 rounding).
         expected = Target(llama, layers).forward(ids[None, :-1])[0][0]
         seen = torch.cat(router.drafters[name].seen)
-        torch.testing.assert_close(seen, expected)
+        torch.testing.assert_close(seen, expected, atol=1e-4, rtol=1e-4)
     assert router.drafters["c"].seen == [None] * 6
 
 
