@@ -214,9 +214,11 @@ def _round(committed: int, round_s: float, drafted: int = 4) -> RoundOutcome:
 def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
     # A budget that any probe's loss fits: the doubling alone sets the plain stretches.
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), min_rounds=2, min_drafted=0, first_backoff=2, probe_budget=1.0
+        cost=_curve([1.0] * 10), patience=0.1, first_backoff=2, probe_budget=1.0
     )
-    losing = _round(committed=1, round_s=1.5)  # 0.67 tokens/s against plain's 1.0
+    # 0.1 s of drafting, then a verification that costs what a plain step does: 0.1 s lost, and
+    # the second such round has lost more than a tenth of a plain step.
+    losing = _round(committed=1, round_s=1.5)
     for _ in range(2):
         assert policy.shape().max_tokens > 0
         policy.observe(losing)
@@ -240,7 +242,7 @@ def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
 
 def test_a_plain_stretch_runs_on_into_the_next_request():
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), min_rounds=1, min_drafted=0, first_backoff=3, probe_budget=1.0
+        cost=_curve([1.0] * 10), patience=0.05, first_backoff=3, probe_budget=1.0
     )
     policy.observe(_round(committed=1, round_s=1.5))  # lost: 3 plain rounds
     policy.observe(_round(committed=1, round_s=1.0, drafted=0))
@@ -263,11 +265,11 @@ def _drafted_round(policy: CostAwarePolicy, draft_s: float, accepted: int) -> No
 
 def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_of():
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), min_rounds=2, first_backoff=2, probe_budget=0.05
+        cost=_curve([1.0] * 10), patience=0.25, first_backoff=2, probe_budget=0.05
     )
     # The probe's first round has the drafter catch up on the prompt (3 s of drafting), the
-    # next three (9 tokens drafted, the first judgement) commit one token each for 0.1 s of
-    # drafting: 3.3 s lost against 1 s plain steps.
+    # next three commit one token each for 0.1 s of drafting (the third takes the loss past a
+    # quarter of a plain step): 3.3 s lost against 1 s plain steps.
     for draft_s in (3.0, 0.1, 0.1, 0.1):
         _drafted_round(policy, draft_s, accepted=0)
     stretch = 0
@@ -278,39 +280,38 @@ def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_o
     assert stretch == 66  # 3.3 s is 5% of 66 plain seconds; the doubling alone would give 2
 
 
-def test_speculation_is_judged_only_once_it_has_drafted_enough_tokens():
-    """Single-token drafts rejected one after another (1 token per 1.1 s against plain's 1 per
-    s): two of them are no verdict on the drafter, eight are."""
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_rounds=2, min_drafted=8)
+def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it_was_ahead():
+    """Rejected drafts lose their 0.125 s of drafting each against 1 s plain steps: eight of them
+    lose exactly the one plain step of patience, a ninth falls back; a round that commits 4
+    tokens for 1.3 s puts speculation ahead and the count starts again."""
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=1.0)
     _drafted_round(policy, draft_s=0.1, accepted=0)  # catching up on the prompt
-    for _ in range(7):
-        policy.shape()
-        draft = policy.trim(Draft(tokens=torch.arange(1)))
-        policy.observe(RoundOutcome(draft, [], draft_s=0.1, round_s=1.1))
+    for _ in range(5):
+        _drafted_round(policy, draft_s=0.125, accepted=0)
+    _drafted_round(policy, draft_s=0.3, accepted=3)
+    for _ in range(8):
+        _drafted_round(policy, draft_s=0.125, accepted=0)
         assert policy.speculating
-    policy.shape()
-    policy.observe(RoundOutcome(policy.trim(Draft(tokens=torch.arange(1))), [], 0.1, 1.1))
+    _drafted_round(policy, draft_s=0.125, accepted=0)
     assert not policy.speculating
 
 
 def test_the_round_a_drafter_catches_up_in_is_not_judged_as_speculations_rate():
-    """The first round has the drafter read the prompt (6 s); after it, 4 tokens commit per
-    1.3 s against plain's one per second. Judged with the reading, the first two rounds would
-    look slower than plain (8 tokens in 8.3 s) and speculation would stop."""
-    policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), min_rounds=2, first_backoff=2, probe_budget=1.0
-    )
+    """The first round has the drafter read the prompt (6 s): 4 tokens for 7 s, 3 s lost against
+    plain's one a second, more than the 2 plain steps of patience. After it, 4 tokens commit
+    per 1.3 s, and speculation goes on."""
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=2.0)
     _drafted_round(policy, draft_s=6.0, accepted=3)
+    assert policy.speculating
     for _ in range(3):
         _drafted_round(policy, draft_s=0.3, accepted=3)
         assert policy.speculating
-    assert policy.speculation_rate() == pytest.approx(4 / 1.3)
 
 
 def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
     # Every drafted token is cut, so each round verifies one token after 0.1 s of drafting; on a
     # busy machine the rounds happen to take less wall time than the curve's plain step.
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), min_drafted=0, first_backoff=2)
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=0.2, first_backoff=2)
     cut = RoundOutcome(Draft.empty(), [], draft_s=0.1, round_s=0.9)
     for _ in range(2):
         policy.observe(cut)
@@ -369,9 +370,7 @@ def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
     """Flat curve, 1 s a forward: a plain step gives each of 4 rows a token a second. Two rounds
     that each commit one token a row for 1.5 s (0.5 s of drafting) lose 0.5 s each: 1.0 s, 5%
     of 20 plain rounds. Judged row by row (four outcomes a round) they would lose 4 times that."""
-    policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), min_rounds=2, min_drafted=0, probe_budget=0.05
-    )
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05)
     for _ in range(2):
         assert policy.shape(rows=4).max_tokens > 0
         policy.observe_round(_batch_round([1] * 4, [4] * 4, draft_s=0.5, round_s=1.5))

@@ -101,21 +101,23 @@ class CostAwarePolicy(DraftPolicy):
     So a device whose batched forward costs about what a one-row forward does keeps drafting at
     batch B, and one whose cost grows with the tokens verified stops drafting as B grows.
 
-    Falling back: the rate of the speculative rounds (committed tokens over the round's drafting
-    seconds plus the scaled curve's cost of the tokens it verified, moving averages) is compared
-    with plain decoding's (one over the scaled one-token cost). A round whose drafter first read
-    the prompt or a plain stretch is left out of that rate (its reading is a once-per-probe
-    cost, which for a draft model is a prefill of its own) but not out of what the probe lost.
-    Every round, plain or not, times its verification and so sets the curve's scale. Judging
-    rounds on the scaled curve rather than on their own wall time keeps a busy machine's noise
-    out of the comparison, noise that would otherwise let a drafter whose tokens are all cut go
-    on drafting. Speculation is first judged once it has run `min_rounds` rounds and drafted
-    `min_drafted` tokens: a round's committed tokens vary widely, and a few short drafts
-    rejected in a row say little about a drafter (while costing little). Once it is slower, the
-    policy decodes plainly for `first_backoff` rounds, then probes afresh; each probe that loses
-    doubles the plain stretch (up to `max_backoff`), one that wins resumes speculation. A plain
-    stretch runs on into the next request: a probe there would first have the drafter read the
-    whole prompt, a cost plain decoding never pays.
+    Falling back: each speculative round's seconds (its drafting plus the scaled curve's cost of
+    the tokens it verified) are set against what plain decoding would have taken for the tokens
+    it committed (one scaled one-token cost each), and the policy falls back once speculation
+    has lost, net, more than `patience` plain steps' worth since it last drew level (a
+    cumulative sum that restarts at zero whenever speculation is ahead: one round's committed
+    tokens vary widely, so a few rounds that lose are no verdict, and the seconds any drafter
+    can lose before the verdict are bounded). The round in which the drafter first reads the
+    prompt or a plain stretch is left out of that sum (its reading is a once-per-probe cost,
+    which for a draft model is a prefill of its own) but not out of what the probe lost. Every
+    round, plain or not, times its verification and so sets the curve's scale. Judging rounds on
+    the scaled curve rather than on their own wall time keeps a busy machine's noise out of the
+    comparison, noise that would otherwise let a drafter whose tokens are all cut go on
+    drafting. Once speculation is slower, the policy decodes plainly for `first_backoff` rounds,
+    then probes afresh; each probe that loses doubles the plain stretch (up to `max_backoff`),
+    and a fallback after speculation paid overall starts the doubling again. A plain stretch
+    runs on into the next request: a probe there would first have the drafter read the whole
+    prompt, a cost plain decoding never pays.
 
     What a probe costs bounds how often it runs: the seconds its rounds lost against plain
     decoding of the tokens they committed (the drafter's catching up on the prompt and the plain
@@ -128,12 +130,9 @@ class CostAwarePolicy(DraftPolicy):
     name = "cost-aware"
     cost: CostCurve | None = None
     """The target's verification cost (`draftsmith profile`); None: measured at first use."""
-    min_rounds: int = 2
-    """Speculative rounds seen (past the drafter's catching up) before speculation is judged
-    slower than plain decoding."""
-    min_drafted: int = 8
-    """Tokens drafted (all rows, cut ones included; past the catching up) before speculation is
-    judged slower than plain decoding."""
+    patience: float = 8.0
+    """Plain decoding steps' worth of seconds that speculation may lose, net, before the policy
+    falls back to plain decoding."""
     first_backoff: int = 4
     """Plain rounds after speculation first loses."""
     max_backoff: int = 64
@@ -141,13 +140,11 @@ class CostAwarePolicy(DraftPolicy):
     probe_budget: float = 0.02
     """Most share of plain decoding's time that losing probes may cost."""
     smoothing: float = 0.3
-    """Weight of the newest round in the moving averages of rates and costs."""
+    """Weight of the newest round in the moving averages of the drafting cost and the curve's
+    scale."""
     _draft_cost: _DraftCost = field(init=False, repr=False)
     _scale: _MovingAverage = field(init=False, repr=False)
     """Seconds of verification now per second of the profiled curve."""
-    _spec_tokens: _MovingAverage = field(init=False, repr=False)
-    _spec_round_s: _MovingAverage = field(init=False, repr=False)
-    """Modelled seconds of the speculative rounds: drafting plus the scaled verification."""
     _budget: int | None = field(default=None, init=False, repr=False)
     _round_acceptance: list[list[float]] = field(default_factory=list, init=False, repr=False)
     """Per row of this round, in row order, the acceptance of each token its chain drafted."""
@@ -158,22 +155,24 @@ class CostAwarePolicy(DraftPolicy):
     _drafted_before: bool = field(default=False, init=False, repr=False)
     """The previous round of this request drafted: the drafter had caught up, so this round's
     drafting time measures drafting alone (not the prompt or a plain stretch)."""
-    _spec_rounds: int = field(default=0, init=False, repr=False)
-    _spec_drafted: int = field(default=0, init=False, repr=False)
+    _deficit_s: float = field(default=0.0, init=False, repr=False)
+    """Seconds speculation has lost against plain decoding since it last drew level (the
+    drafter's catching up left out)."""
     _spec_lost_s: float = field(default=0.0, init=False, repr=False)
-    """Seconds the speculative rounds since the last judgement lost against plain decoding."""
+    """Net seconds the speculative rounds of this probe (or request) lost against plain
+    decoding, the drafter's catching up included."""
     _plain_left: int = field(default=0, init=False, repr=False)
     _backoff: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.min_rounds < 1 or self.first_backoff < 1 or self.max_backoff < self.first_backoff:
+        if self.first_backoff < 1 or self.max_backoff < self.first_backoff:
             raise ValueError(
-                "need min_rounds >= 1 and 1 <= first_backoff <= max_backoff, got "
-                f"{self.min_rounds}, {self.first_backoff}, {self.max_backoff}"
+                "need 1 <= first_backoff <= max_backoff, got "
+                f"{self.first_backoff}, {self.max_backoff}"
             )
-        if self.min_drafted < 0:
-            raise ValueError(f"min_drafted must be >= 0, got {self.min_drafted}")
+        if self.patience < 0:
+            raise ValueError(f"patience must be >= 0, got {self.patience}")
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         if not 0.0 < self.probe_budget <= 1.0:
@@ -193,10 +192,7 @@ class CostAwarePolicy(DraftPolicy):
         self._drafted_before = False
 
     def _reset_speculation(self) -> None:
-        self._spec_tokens = _MovingAverage(self.smoothing)
-        self._spec_round_s = _MovingAverage(self.smoothing)
-        self._spec_rounds = 0
-        self._spec_drafted = 0
+        self._deficit_s = 0.0
         self._spec_lost_s = 0.0
 
     # -- planning ----------------------------------------------------------------------------
@@ -325,26 +321,21 @@ class CostAwarePolicy(DraftPolicy):
         if self._drafted and not catching_up:
             self._draft_cost.add(self._drafted, draft_s)
         self._drafted_before = self._drafted > 0
-        modelled_s = draft_s + self.round_verify_s(width, rows)
-        committed = sum(outcome.committed for outcome in outcomes)
         # Plain decoding gives every row a token per one-token forward of the batch.
-        self._spec_lost_s += modelled_s - committed / rows * self.round_verify_s(1, rows)
+        plain_round_s = self.round_verify_s(1, rows)
+        committed = sum(outcome.committed for outcome in outcomes)
+        lost_s = draft_s + self.round_verify_s(width, rows) - committed / rows * plain_round_s
+        self._spec_lost_s += lost_s
         if catching_up:
             # The drafter read the prompt or a plain stretch first: a cost paid once per request
-            # or probe (counted in what the probe lost), not a sample of speculation's rate.
+            # or probe (counted in what the probe lost), not evidence of how speculation goes.
             return
-        self._spec_tokens.add(committed / rows)
-        self._spec_round_s.add(modelled_s / rows)
-        self._spec_rounds += 1
-        self._spec_drafted += self._drafted
-        if self._spec_rounds < self.min_rounds or self._spec_drafted < self.min_drafted:
-            return
-        if self.speculation_rate() >= self.plain_rate():
-            self._backoff = self.first_backoff
-            self._spec_lost_s = 0.0
+        self._deficit_s = max(self._deficit_s + lost_s, 0.0)
+        if self._deficit_s <= self.patience * plain_round_s:
             return
         # Slower than plain: decode plainly for a while, then probe afresh.
-        plain_round_s = self.round_verify_s(1, rows)
+        if self._spec_lost_s <= 0:  # it paid until now: the workload changed, not the drafter
+            self._backoff = self.first_backoff
         paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * plain_round_s))
         self._plain_left = max(self._backoff, paid_for)
         self._backoff = min(2 * self._backoff, self.max_backoff)
@@ -365,13 +356,6 @@ class CostAwarePolicy(DraftPolicy):
         """The profiled cost of verifying n tokens in each of `rows` rows; one unit each without
         a curve."""
         return 1.0 if self.cost is None else self.cost.batch_cost(rows, n)
-
-    def speculation_rate(self) -> float:
-        """A row's committed tokens per modelled second (its share) of the recent speculative
-        rounds (0 before any)."""
-        if self._spec_round_s.value is None:
-            return 0.0
-        return self._spec_tokens.value / self._spec_round_s.value
 
     def plain_rate(self) -> float:
         """A row's tokens per second of plain decoding: one over its share of the batch's scaled
