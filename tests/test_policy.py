@@ -341,6 +341,22 @@ def test_cost_aware_plans_a_batch_on_the_cost_of_the_batch_forward(cost, drafts_
     assert {rows: policy.shape(rows=rows).max_tokens > 0 for rows in drafts_at} == drafts_at
 
 
+def test_a_tree_is_cut_with_its_drafting_spent():
+    """Verification is flat and a drafted node cost 0.1 s: once drafted, every node that may be
+    accepted is worth verifying. (Charging each round the drafting of the largest tree, 48
+    nodes, 4.8 s, cut every tree to nothing.)"""
+    policy = CostAwarePolicy(
+        tree=TreeShape(top_k=8, depth=6, total_tokens=48), cost=_curve([1.0] * 64)
+    )
+    for _ in range(2):  # the drafter catches up, then a round fits 0.1 s a node
+        policy.shape()
+        drafted = policy.trim(Draft(tokens=torch.arange(4)))
+        policy.observe(RoundOutcome(drafted, [], draft_s=0.4, round_s=1.4))
+    policy.shape()
+    draft = Draft(tokens=torch.arange(4), values=torch.tensor([0.5, 0.3, 0.2, 0.1]))
+    assert len(policy.trim(draft)) == 4
+
+
 def test_cost_aware_cuts_each_rows_tree_to_its_share_of_the_batch_forward():
     draft = Draft(tokens=torch.arange(4), values=torch.tensor([0.9, 0.8, 0.7, 0.6]))
     policy = CostAwarePolicy(tree=TreeShape(top_k=4, depth=4, total_tokens=16), cost=_SATURATING)

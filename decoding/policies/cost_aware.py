@@ -3,7 +3,6 @@ nothing when speculation is slower than plain decoding."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from time import perf_counter
 from transformers import PreTrainedModel
 
 from draftsmith.decoding.policies.base import DraftPolicy, RoundOutcome
-from draftsmith.decoding.profile import CostCurve, best_budget, profile_target
+from draftsmith.decoding.profile import CostCurve, profile_target
 from draftsmith.heads.base import Draft, StopFn, TreeShape
 
 logger = logging.getLogger(__name__)
@@ -91,8 +90,9 @@ class CostAwarePolicy(DraftPolicy):
     beat value(n); the draft is then cut to the prefix of best value, drafting cost spent
     (possibly to nothing: the round is a plain step). Nothing is drafted while even a
     chain the target would accept whole could not beat a plain step. A tree (`tree` set) is cut
-    to the size of best value under the same curve (`best_budget`), and the next round drafts up
-    to twice that.
+    the same way, to its most valuable nodes (the sum of their path probabilities is the
+    expected accepted length), its drafting spent, and the next round drafts up to twice the
+    size kept.
 
     A batch (rows decoding together, each verifying its own draft in the round's one target
     forward) is planned per row, as if every row drafted what this one does: a row's share of
@@ -265,35 +265,34 @@ class CostAwarePolicy(DraftPolicy):
         return draft.subtree(range(self._best_prefix(accepted)))
 
     def _best_prefix(self, accepted: list[float]) -> int:
-        """The chain prefix of best value, the cost of drafting the whole chain spent; accepted
-        holds each drafted token's acceptance."""
-        spent = self._row_draft_fixed_s() + len(accepted) * self._draft_cost.per_token
-        best, best_value = 0, 1.0 / (spent + self.row_verify_s(1))
-        path, expected = 1.0, 1.0
-        for n, acceptance in enumerate(accepted, start=1):
+        """The chain prefix of best value; accepted holds each drafted token's acceptance."""
+        expected, path = [], 1.0
+        for acceptance in accepted:
             path *= acceptance
-            expected += path
-            value = expected / (spent + self.row_verify_s(n + 1))
-            if value > best_value:
-                best, best_value = n, value
-        return best
+            expected.append((expected[-1] if expected else 0.0) + path)
+        return self._best_size(expected, drafted=len(accepted))
 
     def _trim_tree(self, draft: Draft) -> Draft:
         if draft.values is None:
             return draft
+        # A node's value is its path's probability of acceptance, so the n most valuable nodes
+        # (a tree: parents are worth at least their children) are expected to give their sum.
         expected = draft.values.sort(descending=True).values.cumsum(0).tolist()
-        curve = dataclasses.replace(
-            self.cost,
-            verify_s=[self.row_verify_s(n) for n in self.cost.tokens],
-            draft_step_s=self._spec_draft_s(),
-        )
-        size = best_budget(curve, expected)
+        size = self._best_size(expected, drafted=len(draft))
         self._budget = min(2 * max(size, 1), self.largest.max_tokens)
         return draft.pruned(size)
 
-    def _spec_draft_s(self) -> float:
-        """A row's seconds of drafting a whole tree of the largest shape."""
-        return self._row_draft_fixed_s() + self._draft_cost.per_token * self.largest.max_tokens
+    def _best_size(self, expected: list[float], drafted: int) -> int:
+        """The number n of draft nodes to verify that maximises this round's committed tokens
+        per second, the cost of drafting all `drafted` spent; expected[n - 1] is the expected
+        number of draft tokens accepted when the n most valuable are verified."""
+        spent = self._row_draft_fixed_s() + drafted * self._draft_cost.per_token
+        best, best_value = 0, 1.0 / (spent + self.row_verify_s(1))
+        for n, accepted in enumerate(expected, start=1):
+            value = (1.0 + accepted) / (spent + self.row_verify_s(n + 1))
+            if value > best_value:
+                best, best_value = n, value
+        return best
 
     def _row_draft_fixed_s(self) -> float:
         """A row's share of a round's fixed drafting cost (the drafting cost is fitted on the
