@@ -2,9 +2,8 @@
 
 One target forward of n new tokens after a cached context costs far less than n forwards of one
 token, until the device runs out of parallel work. `profile_target` measures that curve for
-n = 1..N, `profile_drafter` the drafter's cost per step, and `best_budget` turns the curve and
-the expected acceptance of the n most valuable draft-tree nodes into the n that maximises
-accepted tokens per second.
+n = 1..N and `profile_drafter` the drafter's cost per step; the cost-aware policy sizes each
+round's draft under them.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -288,25 +286,3 @@ def profile_drafter(
         prompt_ids.device,
     )
     return max((eight - one) / 7, 0.0)
-
-
-def best_budget(curve: CostCurve, expected_accepted: Sequence[float]) -> int:
-    """The number n of draft-tree nodes that maximises accepted tokens per second.
-
-    expected_accepted[n - 1] is the expected number of draft tokens accepted when the tree holds
-    its n most valuable nodes (n = 1..len). Each round commits those plus the target's own next
-    token, and costs one drafting pass and one target forward over the n nodes plus the newest
-    committed token:
-
-        value(n) = (1 + expected_accepted[n - 1]) / (draft_step_s + verify_cost(n + 1))
-        value(0) = 1 / verify_cost(1)                      (no draft: plain decoding)
-
-    with draft_step_s = 0 when no drafter was profiled. Ties go to the smaller n.
-    """
-    draft = curve.draft_step_s or 0.0
-    best, best_value = 0, 1.0 / curve.verify_cost(1)
-    for n, accepted in enumerate(expected_accepted, start=1):
-        value = (1.0 + accepted) / (draft + curve.verify_cost(n + 1))
-        if value > best_value and not math.isclose(value, best_value):
-            best, best_value = n, value
-    return best

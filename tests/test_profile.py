@@ -14,7 +14,6 @@ from draftsmith.commands.cli import main
 from draftsmith.decoding import profile
 from draftsmith.decoding.profile import (
     CostCurve,
-    best_budget,
     default_sizes,
     profile_drafter,
     profile_target,
@@ -218,30 +217,6 @@ def test_default_path_names_target_dtype_and_device_kind(tmp_path, monkeypatch):
     )
     batched = CostCurve.default_path("/models/tiny", "float32", rows=4)
     assert batched.name == "models_tiny--float32--cpu--rows4.json"
-
-
-# -- the budget -----------------------------------------------------------------------------------
-
-
-def test_flat_cost_drafts_as_much_as_acceptance_grows():
-    assert best_budget(curve([1, 64], [1.0, 1.0]), [0.5, 0.9, 1.2, 1.4]) == 4
-
-
-def test_steep_cost_does_not_draft():
-    assert best_budget(curve([1, 64], [1.0, 64.0]), [0.5, 0.9, 1.2, 1.4]) == 0
-
-
-def test_the_budget_stops_where_the_cost_turns_steep():
-    # value(n) = (1 + accepted) / verify_cost(n + 1): 1.8, 2.4, 1.3, 0.9 (plain decoding: 1)
-    steps = curve([1, 2, 3, 4, 5], [1.0, 1.0, 1.0, 2.0, 3.0])
-    assert best_budget(steps, [0.8, 1.4, 1.6, 1.7]) == 2
-
-
-def test_draft_cost_and_ties():
-    assert best_budget(curve([1, 8], [1.0, 1.0], draft_step_s=5.0), [1.0]) == 0
-    assert best_budget(curve([1, 8], [1.0, 1.0], draft_step_s=0.5), [1.0]) == 1  # 2 / 1.5
-    assert best_budget(curve([1, 8], [1.0, 1.0]), [1.0, 1.0, 1.0]) == 1  # ties: the smaller
-    assert best_budget(curve([1, 8], [1.0, 1.0]), []) == 0
 
 
 # -- the command ----------------------------------------------------------------------------------
