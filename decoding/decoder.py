@@ -214,7 +214,7 @@ class SpeculativeDecoder:
         shape = self.policy.shape(rows=len(active))
         acceptance = self.policy.acceptance_fn() or raw_acceptance
         # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
-        # Each row gets its own stop rule: it follows that row's chain.
+        # Each row gets its own stop rules: they follow that row's chain or tree.
         requests = [
             DraftRequest(
                 shape.capped(max_new - len(row.generated) - 1),
@@ -222,6 +222,7 @@ class SpeculativeDecoder:
                 row.generator,
                 self.policy.stop_fn(),
                 acceptance,
+                self.policy.tree_stop_fn(),
             )
             for row in active
         ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -21,6 +21,10 @@ from draftsmith.core.tree import chain_parents, check_parents, is_chain, tree_de
 
 StopFn = Callable[[int, torch.Tensor], bool]
 """stop(position, draft_logits (V,)) -> True to end a chain draft after the token just proposed."""
+
+TreeStopFn = Callable[[int, "TreeNodes"], bool]
+"""stop(depth, nodes) -> True to end a tree's growth after its `depth` depths so far (before the
+drafter expands another): nodes are every node drafted so far."""
 
 AcceptanceFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """acceptance(logits (m, V), depth (m,), path_prob (m,)) -> (m, V): for m tree nodes about to get
@@ -40,6 +44,17 @@ def raw_acceptance(
 ) -> torch.Tensor:
     """`AcceptanceFn` of an uncalibrated drafter: its own draft probabilities softmax(logits)."""
     return logits.float().softmax(-1)
+
+
+class TreeNodes(Protocol):
+    """The nodes of a tree being drafted, in the order drafted (parents first)."""
+
+    values: list[float]
+    """Per node, the estimated probability that the target accepts its whole path."""
+    parents: list[int]
+    """Per node, its parent's index, or -1 for a child of the newest committed token."""
+    depths: list[int]
+    """Per node, its 1-based depth."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,8 @@ class DraftRequest:
     """Ends a chain early after the token just proposed (trees ignore it)."""
     acceptance: AcceptanceFn = raw_acceptance
     """Ranks a tree's nodes."""
+    tree_stop: TreeStopFn | None = None
+    """Ends a tree's growth early after a depth (chains ignore it)."""
 
 
 @dataclass
@@ -207,19 +224,20 @@ class Drafter(ABC):
         generator: torch.Generator | None = None,
         stop: StopFn | None = None,
         acceptance: AcceptanceFn | None = None,
+        tree_stop: TreeStopFn | None = None,
     ) -> Draft:
         """Propose a draft tree of at most `shape` after the committed sequence (an int: a chain of
         at most that many tokens).
 
-        stop ends a chain early (trees ignore it); acceptance ranks a tree's nodes (default: the
-        raw draft probabilities). Under sampling every token must be drawn from its node's `probs`
+        stop ends a chain early (trees ignore it), tree_stop a tree's growth (chains ignore it);
+        acceptance ranks a tree's nodes (default: the raw draft probabilities). Under sampling every token must be drawn from its node's `probs`
         (or be deterministic, `probs=None`), or verification would not preserve the target's
         distribution.
         """
         if isinstance(shape, int):
             shape = TreeShape.chain(shape)
         return self.propose_request(
-            DraftRequest(shape, sampling, generator, stop, acceptance or raw_acceptance)
+            DraftRequest(shape, sampling, generator, stop, acceptance or raw_acceptance, tree_stop)
         )
 
     def propose_request(self, request: DraftRequest) -> Draft:

@@ -249,7 +249,8 @@ class FeatureDrafter(Drafter):
         if request.shape.is_chain:
             draft = self._chain(hidden, DraftBuilder(request))
         else:
-            draft = self._tree(hidden, DynamicTree(request.shape, request.acceptance))
+            tree = DynamicTree(request.shape, request.acceptance, request.tree_stop)
+            draft = self._tree(hidden, tree)
         # Rows built on predicted features go: accepted ones are rebuilt on real features.
         self._own.keep(committed_rows)
         return draft

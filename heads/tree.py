@@ -2,7 +2,8 @@
 
 The tree starts from the drafter's prediction after the newest committed token. Each following
 depth expands the `top_k` most valuable nodes of the depth before, `top_k` children each, in one
-forward of the drafter; a node's value is the estimated probability that the target accepts its
+forward of the drafter, until the shape's depth or until the request's `tree_stop` ends it; a
+node's value is the estimated probability that the target accepts its
 whole path (the `AcceptanceFn` multiplied along it). The proposed tree keeps the `total_tokens`
 most valuable nodes. Children are the top-k tokens, chosen deterministically, so under sampling
 each is verified as a one-hot draft, which keeps verification exact.
@@ -15,7 +16,14 @@ from dataclasses import replace
 
 import torch
 
-from draftsmith.heads.base import AcceptanceFn, Draft, DraftRequest, TreeShape, most_valuable
+from draftsmith.heads.base import (
+    AcceptanceFn,
+    Draft,
+    DraftRequest,
+    TreeShape,
+    TreeStopFn,
+    most_valuable,
+)
 
 Expand = Callable[[list[int]], torch.Tensor]
 """expand(nodes) -> logits (len(nodes), V) of the drafter's prediction after each node (run on the
@@ -25,9 +33,12 @@ node's token with its ancestors as context)."""
 class DynamicTree:
     """The nodes drafted so far in one round, with their values; see the module docstring."""
 
-    def __init__(self, shape: TreeShape, acceptance: AcceptanceFn) -> None:
+    def __init__(
+        self, shape: TreeShape, acceptance: AcceptanceFn, stop: TreeStopFn | None = None
+    ) -> None:
         self.shape = shape
         self.acceptance = acceptance
+        self.stop = stop
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depths: list[int] = []
@@ -41,7 +52,9 @@ class DynamicTree:
         """Grow the whole tree from the prediction after the newest committed token, root_logits
         (V,), calling expand once per further depth; returns the proposed `Draft`."""
         frontier = self._add_children([-1], root_logits[None])
-        for _ in range(1, self.shape.depth):
+        for depth in range(1, self.shape.depth):
+            if self.stop is not None and self.stop(depth, self):
+                break
             ranked = sorted(frontier, key=lambda n: -self.values[n])[: self.shape.top_k]
             frontier = self._add_children(ranked, expand(ranked))
         return self.draft()
@@ -92,7 +105,7 @@ def combine_depths(request: DraftRequest, depth_logits: list[torch.Tensor]) -> D
     path): every node of one depth gets that depth's top-k as children, and the tree keeps the
     most valuable combinations under the request's budget."""
     shape = replace(request.shape, depth=min(request.shape.depth, len(depth_logits)))
-    tree = DynamicTree(shape, request.acceptance)
+    tree = DynamicTree(shape, request.acceptance, request.tree_stop)
     return tree.grow(
         depth_logits[0], lambda nodes: depth_logits[tree.depths[nodes[0]]].expand(len(nodes), -1)
     )

@@ -3,6 +3,8 @@ and greedy identity whatever a policy decides."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from conftest import greedy_reference, tiny_model
@@ -23,6 +25,8 @@ from draftsmith.decoding.policies import (
 )
 from draftsmith.decoding.profile import CostCurve
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
+from draftsmith.heads.base import raw_acceptance
+from draftsmith.heads.tree import DynamicTree
 
 
 class ConstantCalibrator:
@@ -357,6 +361,80 @@ def test_a_tree_is_cut_with_its_drafting_spent():
     assert len(policy.trim(draft)) == 4
 
 
+class _Nodes:
+    """`TreeNodes` of a hand-made tree."""
+
+    def __init__(self, values: list[float], parents: list[int]) -> None:
+        self.values, self.parents = values, parents
+        self.depths = []
+        for parent in parents:
+            self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+
+
+def _fit_drafting(policy: CostAwarePolicy, step_s: float) -> None:
+    """Rounds that drafted 1, 2 and 6 steps at step_s each, verified for 1 s and accepted whole
+    (the first is the drafter's catching up, left out of the fit)."""
+    for steps in (1, 2, 6):
+        policy.shape()
+        drafted = policy.trim(Draft(tokens=torch.arange(steps)))
+        seconds = steps * step_s
+        policy.observe(RoundOutcome(drafted, list(range(steps)), seconds, seconds + 1.0))
+
+
+@pytest.mark.parametrize(("step_s", "grows"), [(0.5, True), (2.0, False)])
+def test_a_tree_grows_while_a_deeper_tree_is_expected_to_pay(step_s, grows):
+    """Depth 1 holds 0.8 and 0.1 and verification is flat (1 s). Grown as that depth suggests,
+    depth 2 would add 0.64, 0.08, 0.08, 0.01: 2.71 tokens for 2 steps against 1.9 for one.
+    At 0.5 s a step that pays (2.71 / 2.0 > 1.9 / 1.5); at 2 s no depth does (1.9 / 3.0 beats
+    2.71 / 5.0 and 3.29 / 7.0)."""
+    policy = CostAwarePolicy(
+        tree=TreeShape(top_k=2, depth=3, total_tokens=12), cost=_curve([1.0] * 13)
+    )
+    _fit_drafting(policy, step_s)
+    policy.shape()
+    stop = policy.tree_stop_fn()
+    assert stop(1, _Nodes([0.8, 0.1], [-1, -1])) is not grows
+
+
+def test_a_tree_stops_where_its_newest_depth_gives_little():
+    """Depth 2 gave its parents' children 1% of their value: a third depth is not worth a step
+    however cheap verification is."""
+    policy = CostAwarePolicy(
+        tree=TreeShape(top_k=2, depth=6, total_tokens=64), cost=_curve([1.0] * 65)
+    )
+    _fit_drafting(policy, 0.05)
+    policy.shape()
+    stop = policy.tree_stop_fn()
+    assert not stop(1, _Nodes([0.8, 0.1], [-1, -1]))
+    deeper = _Nodes([0.8, 0.1, 0.008, 0.001, 0.001, 0.0001], [-1, -1, 0, 1, 0, 1])
+    assert stop(2, deeper)
+
+
+def test_a_trees_drafting_is_fitted_on_the_depths_it_grew(monkeypatch):
+    """Each depth takes 0.3 s (on a clock that moves 0.3 s between the stop rule's calls): the
+    drafting cost is 0.3 s a step whatever the nodes (fitted on nodes it would be less)."""
+    clock = itertools.count(step=0.3)
+    monkeypatch.setattr(cost_aware, "perf_counter", lambda: next(clock))
+    policy = CostAwarePolicy(
+        tree=TreeShape(top_k=3, depth=4, total_tokens=24), cost=_curve([1.0] * 25), patience=1e9
+    )
+    probs = torch.tensor([0.6, 0.3, 0.1]).log()
+    for _ in range(3):  # the first round is the drafter's catching up
+        expanded = []
+
+        def expand(nodes, expanded=expanded):
+            expanded.append(nodes)
+            return probs.expand(len(nodes), -1)
+
+        tree = DynamicTree(policy.shape(), raw_acceptance, policy.tree_stop_fn())
+        draft = policy.trim(tree.grow(probs, expand))
+        depths = 1 + len(expanded)
+        assert len(tree.values) > depths
+        seconds = 0.3 * depths
+        policy.observe(RoundOutcome(draft, [], draft_s=seconds, round_s=seconds + 1.0))
+    assert policy._draft_cost.per_step == pytest.approx(0.3)
+
+
 def test_cost_aware_cuts_each_rows_tree_to_its_share_of_the_batch_forward():
     draft = Draft(tokens=torch.arange(4), values=torch.tensor([0.9, 0.8, 0.7, 0.6]))
     policy = CostAwarePolicy(tree=TreeShape(top_k=4, depth=4, total_tokens=16), cost=_SATURATING)
@@ -440,15 +518,20 @@ def test_cost_aware_measures_the_curve_when_given_none(llama):
 
 
 def test_the_cost_curve_cuts_trees_and_sizes_the_next_one():
+    """The next round expands twice as many nodes a depth as the widest depth kept; its depth
+    is the stop rule's."""
     tree = TreeShape(top_k=4, depth=4, total_tokens=16)
-    draft = Draft(tokens=torch.arange(4), values=torch.tensor([0.9, 0.8, 0.7, 0.6]))
+    values = torch.tensor([0.9, 0.8, 0.7, 0.6])
+    chain = Draft(tokens=torch.arange(4), values=values)
     flat = CostAwarePolicy(tree=tree, cost=_curve([1.0] * 6))
-    assert len(flat.trim(draft)) == 4
-    assert flat.shape() == TreeShape(top_k=4, depth=4, total_tokens=16)  # budget 8, capped
+    assert len(flat.trim(chain)) == 4
+    assert flat.shape() == TreeShape(top_k=2, depth=4, total_tokens=16)  # one node a depth kept
+    fan = Draft(tokens=torch.arange(4), parents=torch.full((4,), -1), values=values)
+    assert len(flat.trim(fan)) == 4
+    assert flat.shape() == tree  # four at depth 1: twice that, capped at the shape's
     steep = CostAwarePolicy(tree=tree, cost=_curve([1.0, 3.0, 5.0, 7.0, 9.0, 11.0]))
-    assert len(steep.trim(draft)) == 0
-    # The next round drafts a small tree: drafting costs no more than the verification it feeds.
-    assert steep.shape() == TreeShape(top_k=2, depth=2, total_tokens=16)
+    assert len(steep.trim(fan)) == 0
+    assert steep.shape() == TreeShape(top_k=2, depth=4, total_tokens=16)
 
 
 def test_calibrated_acceptance_ranks_tree_nodes(llama):

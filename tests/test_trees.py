@@ -120,6 +120,26 @@ def test_dynamic_tree_values_budget_and_closure():
     assert draft.logits.shape == (5, 4)
 
 
+def test_a_tree_stops_growing_where_its_stop_rule_says():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    expanded, seen = [], []
+
+    def expand(nodes):
+        expanded.append(len(nodes))
+        return probs.log().expand(len(nodes), -1)
+
+    def stop(depth, nodes):
+        seen.append((depth, list(nodes.depths)))
+        return depth == 2
+
+    tree = DynamicTree(TreeShape(top_k=2, depth=5), raw_acceptance, stop)
+    draft = tree.grow(probs.log(), expand)
+    # Asked after depth 1 (two nodes) and depth 2 (four more); one expansion between.
+    assert seen == [(1, [1, 1]), (2, [1, 1, 2, 2, 2, 2])]
+    assert expanded == [2]
+    assert int(draft.depths.max()) == 2
+
+
 def test_ngram_branches_follow_several_earlier_occurrences():
     drafter = NgramDrafter(max_ngram=2)
     # "1 2" occurred twice before: followed by 3 4 and, earlier, by 5 6.

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
 from draftsmith.decoding.online import OnlineAcceptance, round_outcomes
-from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape
+from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape, TreeStopFn
 
 StopRule = Callable[[int, dict[str, float], float], bool]
 """rule(position, signals, acceptance) -> True to end a chain after the token just drafted:
@@ -44,7 +44,8 @@ class DraftPolicy:
     """Chooses each round's draft and learns from its outcome.
 
     Each round the decoder asks for the draft `shape` (zero tokens: a plain decoding step), a
-    `stop_fn` that may end a chain early, an `acceptance_fn` that ranks tree nodes, then `trim`s
+    `stop_fn` that may end a chain early, a `tree_stop_fn` that may end a tree's growth, an
+    `acceptance_fn` that ranks tree nodes, then `trim`s
     the drafted tree before verification and reports the round to `observe_round` (every row's
     outcome at once when rows decode as a batch; the default `observe`s each). `start` opens a
     request. A subclass overrides what it decides; the base drafts `tree`, or a chain of
@@ -85,6 +86,11 @@ class DraftPolicy:
 
     def stop_fn(self) -> StopFn | None:
         """A fresh stop callback for this round's chain, or None when drafting never stops early."""
+        return None
+
+    def tree_stop_fn(self) -> TreeStopFn | None:
+        """A fresh callback that may end this round's tree before its full depth, or None when a
+        tree always grows to its shape's depth."""
         return None
 
     def trim(self, draft: Draft) -> Draft:

@@ -3,8 +3,10 @@ nothing when speculation is slower than plain decoding."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -13,7 +15,7 @@ from transformers import PreTrainedModel
 
 from draftsmith.decoding.policies.base import DraftPolicy, RoundOutcome
 from draftsmith.decoding.profile import CostCurve, profile_target
-from draftsmith.heads.base import Draft, StopFn, TreeShape
+from draftsmith.heads.base import Draft, StopFn, TreeNodes, TreeShape, TreeStopFn
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +35,13 @@ class _MovingAverage:
 
 @dataclass
 class _DraftCost:
-    """Seconds of drafting n tokens, fixed + per_token * n, fitted by least squares on moving
-    averages of the rounds' (n, seconds): a round's fixed part (catching up on the tokens just
-    committed) is not charged to each drafted token. Until a round is fitted, and where every
-    round drafted (nearly) one length so there is no slope to fit, per_token is the measured
-    time between a chain's consecutive tokens (`add_step`): one drafter step, so the very first
+    """Seconds of drafting n steps (a chain's tokens, a tree's depths), fixed + per_step * n,
+    fitted by least squares on moving averages of the rounds' (n, seconds): a round's fixed part
+    (catching up on the tokens just committed) is not charged to each step. Until a round is
+    fitted, and where every round drafted (nearly) one length so there is no slope to fit,
+    per_step is the measured time between consecutive steps (`add_step`), so the very first
     round, whose drafting also holds the drafter's reading of the prompt, already stops drafting
-    where more tokens cost more than they are expected to give."""
+    where more steps cost more than they are expected to give."""
 
     weight: float
     _moments: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, s, n*n, n*s, count
@@ -54,11 +56,12 @@ class _DraftCost:
             self._moments[i] = keep * self._moments[i] + self.weight * x
 
     def add_step(self, seconds: float) -> None:
-        """One drafter step's seconds: from one drafted token of a chain to the next."""
+        """One drafter step's seconds: from one drafted token of a chain (or depth of a tree) to
+        the next."""
         self._step.add(seconds)
 
     @property
-    def per_token(self) -> float:
+    def per_step(self) -> float:
         n, s, nn, ns, count = self._moments
         if count == 0 or n == 0:
             return self._step.value or 0.0
@@ -71,7 +74,7 @@ class _DraftCost:
     @property
     def fixed(self) -> float:
         n, s, _, _, count = self._moments
-        return 0.0 if count == 0 else max((s - self.per_token * n) / count, 0.0)
+        return 0.0 if count == 0 else max((s - self.per_step * n) / count, 0.0)
 
 
 @dataclass(kw_only=True)
@@ -89,10 +92,15 @@ class CostAwarePolicy(DraftPolicy):
     while some longer draft, each further token accepted with probability a_n, is expected to
     beat value(n); the draft is then cut to the prefix of best value, drafting cost spent
     (possibly to nothing: the round is a plain step). Nothing is drafted while even a
-    chain the target would accept whole could not beat a plain step. A tree (`tree` set) is cut
-    the same way, to its most valuable nodes (the sum of their path probabilities is the
-    expected accepted length), its drafting spent, and the next round drafts up to twice the
-    size kept.
+    chain the target would accept whole could not beat a plain step.
+
+    A tree (`tree` set) is planned the same way, a depth (one drafter step over up to top_k
+    nodes) for a chain's token: its value with n nodes verified is that of its n most valuable
+    nodes (the sum of their path probabilities is the expected accepted length), and it grows
+    another depth while some deeper tree is expected to beat the best it holds, each further
+    depth taken to give the nodes it expands children as the newest depth gave its parents
+    theirs (the chain's rule when top_k is 1). It is then cut to its nodes of best value, its
+    drafting spent, and the next round expands up to twice as many nodes a depth as were kept.
 
     A batch (rows decoding together, each verifying its own draft in the round's one target
     forward) is planned per row, as if every row drafted what this one does: a row's share of
@@ -148,10 +156,14 @@ class CostAwarePolicy(DraftPolicy):
     _budget: int | None = field(default=None, init=False, repr=False)
     _round_acceptance: list[list[float]] = field(default_factory=list, init=False, repr=False)
     """Per row of this round, in row order, the acceptance of each token its chain drafted."""
+    _round_depths: list[list[int]] = field(default_factory=list, init=False, repr=False)
+    """Per row of this round, in row order, a one-element list: the depths its tree grew."""
     _rows: int = field(default=1, init=False, repr=False)
     """Rows decoding together this round."""
     _drafted: int = field(default=0, init=False, repr=False)
     """Nodes drafted this round over all rows, before the trim."""
+    _drafted_steps: int = field(default=0, init=False, repr=False)
+    """Drafter steps this round over all rows: a chain's tokens, a tree's depths."""
     _drafted_before: bool = field(default=False, init=False, repr=False)
     """The previous round of this request drafted: the drafter had caught up, so this round's
     drafting time measures drafting alone (not the prompt or a plain stretch)."""
@@ -198,7 +210,8 @@ class CostAwarePolicy(DraftPolicy):
     # -- planning ----------------------------------------------------------------------------
 
     def shape(self, rows: int = 1) -> TreeShape:
-        self._rows, self._drafted, self._round_acceptance = rows, 0, []
+        self._rows, self._drafted, self._drafted_steps = rows, 0, 0
+        self._round_acceptance, self._round_depths = [], []
         if self._plain_left > 0:
             return PLAIN
         shape = self.largest
@@ -206,15 +219,16 @@ class CostAwarePolicy(DraftPolicy):
             return shape if self._a_chain_can_pay() else PLAIN
         if self._budget is None:
             return shape
-        top_k, depth = min(shape.top_k, self._budget), min(shape.depth, self._budget)
-        return TreeShape(top_k=top_k, depth=depth, total_tokens=shape.total_tokens)
+        # The depth is the stop rule's to choose; the width follows what the last rounds kept.
+        top_k = min(shape.top_k, self._budget)
+        return TreeShape(top_k=top_k, depth=shape.depth, total_tokens=shape.total_tokens)
 
     def _a_chain_can_pay(self) -> bool:
         """Whether a chain the target accepts whole would beat a plain step at today's costs
         (with a curve: without one nothing is known against drafting)."""
         if self.cost is None:
             return True
-        fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_token
+        fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_step
         return any(
             (1 + n) / (fixed_s + n * step_s + self.row_verify_s(n + 1)) > self.plain_rate()
             for n in range(1, self.max_draft_tokens + 1)
@@ -235,7 +249,7 @@ class CostAwarePolicy(DraftPolicy):
             if last_token_at is not None:
                 self._draft_cost.add_step(now_at - last_token_at)
             last_token_at = now_at
-            step_s = self._draft_cost.per_token
+            step_s = self._draft_cost.per_step
             accepted.append(acceptance)
             path *= acceptance
             expected += path
@@ -252,12 +266,69 @@ class CostAwarePolicy(DraftPolicy):
 
         return self.token_stop_fn(no_longer_draft_pays)
 
+    def tree_stop_fn(self) -> TreeStopFn | None:
+        """A row's rule ending its tree's growth this round (one per row, in row order)."""
+        if self.cost is None or self.tree is None:
+            return None
+        grown = [1]
+        self._round_depths.append(grown)
+        fixed_s = self._row_draft_fixed_s()
+        last_depth_at = None
+
+        def no_deeper_tree_pays(depth: int, nodes: TreeNodes) -> bool:
+            nonlocal last_depth_at
+            now_at = perf_counter()
+            if last_depth_at is not None:
+                self._draft_cost.add_step(now_at - last_depth_at)
+            last_depth_at = now_at
+            grown[0] = depth
+            if self._a_deeper_tree_pays(nodes, depth, fixed_s):
+                grown[0] = depth + 1
+                return False
+            return True
+
+        return no_deeper_tree_pays
+
+    def _a_deeper_tree_pays(self, nodes: TreeNodes, depth: int, fixed_s: float) -> bool:
+        """Whether growing the tree beyond `depth` depths is expected to beat the best value of
+        the nodes it holds, each further depth expanding the top_k most valuable nodes of the one
+        before with children in the proportions the newest depth's parents gave theirs."""
+        shape, step_s = self.largest, self._draft_cost.per_step
+        top_k = shape.top_k if self._budget is None else min(shape.top_k, self._budget)
+        values = nodes.values
+        newest = [i for i, d in enumerate(nodes.depths) if d == depth]
+        children: dict[int, list[float]] = {}
+        for i in newest:
+            parent = nodes.parents[i]
+            parent_value = 1.0 if parent < 0 else values[parent]
+            children.setdefault(parent, []).append(values[i] / max(parent_value, 1e-12))
+        ratios = [sorted(r, reverse=True) for r in children.values()]
+        # The child of each rank a parent is expected to get (missing children give nothing).
+        by_rank = [sum(r[j] for r in ratios if j < len(r)) / len(ratios) for j in range(top_k)]
+        frontier = sorted((values[i] for i in newest), reverse=True)[:top_k]
+        grown = sorted(values, reverse=True)
+        _, now = self._best(grown, fixed_s + depth * step_s)
+        for deeper in range(depth + 1, shape.depth + 1):
+            frontier = sorted((f * r for f in frontier for r in by_rank), reverse=True)
+            grown = sorted(grown + frontier, reverse=True)
+            frontier = frontier[:top_k]
+            if self._best(grown, fixed_s + deeper * step_s)[1] > now:
+                return True
+        return False
+
     def trim(self, draft: Draft) -> Draft:
         self._drafted += len(draft)
+        if self.tree is None:
+            steps = len(draft)
+        elif self._round_depths:  # rows are trimmed in the order their stop rules were made
+            steps = self._round_depths.pop(0)[0] if len(draft) else 0
+        else:
+            steps = int(draft.depths.max()) if len(draft) else 0
+        self._drafted_steps += steps
         if self.cost is None or len(draft) == 0:
             return draft
         if self.tree is not None:
-            return self._trim_tree(draft)
+            return self._trim_tree(draft, steps)
         # Rows are trimmed in the order their stop rules were made.
         accepted = self._round_acceptance.pop(0) if self._round_acceptance else []
         if len(accepted) != len(draft):  # a drafter that ignored the stop rule
@@ -266,33 +337,36 @@ class CostAwarePolicy(DraftPolicy):
 
     def _best_prefix(self, accepted: list[float]) -> int:
         """The chain prefix of best value; accepted holds each drafted token's acceptance."""
-        expected, path = [], 1.0
-        for acceptance in accepted:
-            path *= acceptance
-            expected.append((expected[-1] if expected else 0.0) + path)
-        return self._best_size(expected, drafted=len(accepted))
+        paths = list(itertools.accumulate(accepted, operator.mul))
+        return self._best(paths, self._drafting_s(len(accepted)))[0]
 
-    def _trim_tree(self, draft: Draft) -> Draft:
+    def _trim_tree(self, draft: Draft, depths: int) -> Draft:
         if draft.values is None:
             return draft
         # A node's value is its path's probability of acceptance, so the n most valuable nodes
         # (a tree: parents are worth at least their children) are expected to give their sum.
-        expected = draft.values.sort(descending=True).values.cumsum(0).tolist()
-        size = self._best_size(expected, drafted=len(draft))
-        self._budget = min(2 * max(size, 1), self.largest.max_tokens)
-        return draft.pruned(size)
+        values = draft.values.sort(descending=True).values.tolist()
+        size, _ = self._best(values, self._drafting_s(depths))
+        kept = draft.pruned(size)
+        widest = int(kept.depths.bincount().max()) if size else 1
+        self._budget = min(2 * widest, self.largest.top_k)
+        return kept
 
-    def _best_size(self, expected: list[float], drafted: int) -> int:
+    def _drafting_s(self, steps: int) -> float:
+        """A row's expected seconds of drafting `steps` steps this round."""
+        return self._row_draft_fixed_s() + steps * self._draft_cost.per_step
+
+    def _best(self, values: list[float], spent_s: float) -> tuple[int, float]:
         """The number n of draft nodes to verify that maximises this round's committed tokens
-        per second, the cost of drafting all `drafted` spent; expected[n - 1] is the expected
-        number of draft tokens accepted when the n most valuable are verified."""
-        spent = self._row_draft_fixed_s() + drafted * self._draft_cost.per_token
-        best, best_value = 0, 1.0 / (spent + self.row_verify_s(1))
-        for n, accepted in enumerate(expected, start=1):
-            value = (1.0 + accepted) / (spent + self.row_verify_s(n + 1))
-            if value > best_value:
-                best, best_value = n, value
-        return best
+        per second, and that rate, `spent_s` of drafting spent; values are the nodes' path
+        probabilities, most valuable first (the n first are expected to give their sum)."""
+        best, best_value, accepted = 0, 1.0 / (spent_s + self.row_verify_s(1)), 0.0
+        for n, value in enumerate(values, start=1):
+            accepted += value
+            rate = (1.0 + accepted) / (spent_s + self.row_verify_s(n + 1))
+            if rate > best_value:
+                best, best_value = n, rate
+        return best, best_value
 
     def _row_draft_fixed_s(self) -> float:
         """A row's share of a round's fixed drafting cost (the drafting cost is fitted on the
@@ -318,7 +392,7 @@ class CostAwarePolicy(DraftPolicy):
             return
         catching_up = self._drafted > 0 and not self._drafted_before
         if self._drafted and not catching_up:
-            self._draft_cost.add(self._drafted, draft_s)
+            self._draft_cost.add(self._drafted_steps, draft_s)
         self._drafted_before = self._drafted > 0
         # Plain decoding gives every row a token per one-token forward of the batch.
         plain_round_s = self.round_verify_s(1, rows)
