@@ -396,6 +396,18 @@ def test_a_tree_grows_while_a_deeper_tree_is_expected_to_pay(step_s, grows):
     assert stop(1, _Nodes([0.8, 0.1], [-1, -1])) is not grows
 
 
+def test_no_tree_is_drafted_where_even_a_chain_accepted_whole_cannot_pay():
+    """A depth takes 5 s and a verification 1 s: no n depths committing n + 1 tokens beat a plain
+    step, so the round drafts nothing rather than a root's children it would cut."""
+    policy = CostAwarePolicy(
+        tree=TreeShape(top_k=4, depth=4, total_tokens=16), cost=_curve([1.0] * 17), patience=1e9
+    )
+    _fit_drafting(policy, 0.5)
+    assert policy.shape().max_tokens > 0
+    _fit_drafting(policy, 5.0)
+    assert policy.shape().max_tokens == 0
+
+
 def test_a_tree_stops_where_its_newest_depth_gives_little():
     """Depth 2 gave its parents' children 1% of their value: a third depth is not worth a step
     however cheap verification is."""
@@ -529,7 +541,9 @@ def test_the_cost_curve_cuts_trees_and_sizes_the_next_one():
     fan = Draft(tokens=torch.arange(4), parents=torch.full((4,), -1), values=values)
     assert len(flat.trim(fan)) == 4
     assert flat.shape() == tree  # four at depth 1: twice that, capped at the shape's
-    steep = CostAwarePolicy(tree=tree, cost=_curve([1.0, 3.0, 5.0, 7.0, 9.0, 11.0]))
+    # Each further token costs 0.9 of a plain step: none of these nodes pays, though a chain
+    # accepted whole would.
+    steep = CostAwarePolicy(tree=tree, cost=_curve([1.0, 1.9, 2.8, 3.7, 4.6, 5.5]))
     assert len(steep.trim(fan)) == 0
     assert steep.shape() == TreeShape(top_k=2, depth=4, total_tokens=16)
 

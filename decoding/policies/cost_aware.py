@@ -215,9 +215,9 @@ class CostAwarePolicy(DraftPolicy):
         if self._plain_left > 0:
             return PLAIN
         shape = self.largest
-        if shape.is_chain:
-            return shape if self._a_chain_can_pay() else PLAIN
-        if self._budget is None:
+        if not self._a_chain_can_pay():
+            return PLAIN
+        if shape.is_chain or self._budget is None:
             return shape
         # The depth is the stop rule's to choose; the width follows what the last rounds kept.
         top_k = min(shape.top_k, self._budget)
@@ -225,13 +225,14 @@ class CostAwarePolicy(DraftPolicy):
 
     def _a_chain_can_pay(self) -> bool:
         """Whether a chain the target accepts whole would beat a plain step at today's costs
-        (with a curve: without one nothing is known against drafting)."""
+        (with a curve: without one nothing is known against drafting). A tree can do no better:
+        n depths commit at most n + 1 tokens, for n steps and at least n + 1 verified."""
         if self.cost is None:
             return True
         fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_step
         return any(
             (1 + n) / (fixed_s + n * step_s + self.row_verify_s(n + 1)) > self.plain_rate()
-            for n in range(1, self.max_draft_tokens + 1)
+            for n in range(1, self.largest.depth + 1)
         )
 
     def stop_fn(self) -> StopFn | None:
@@ -307,10 +308,11 @@ class CostAwarePolicy(DraftPolicy):
         by_rank = [sum(r[j] for r in ratios if j < len(r)) / len(ratios) for j in range(top_k)]
         frontier = sorted((values[i] for i in newest), reverse=True)[:top_k]
         grown = sorted(values, reverse=True)
-        _, now = self._best(grown, fixed_s + depth * step_s)
+        # The proposed tree keeps at most the shape's most valuable nodes.
+        _, now = self._best(grown[: shape.max_tokens], fixed_s + depth * step_s)
         for deeper in range(depth + 1, shape.depth + 1):
             frontier = sorted((f * r for f in frontier for r in by_rank), reverse=True)
-            grown = sorted(grown + frontier, reverse=True)
+            grown = sorted(grown + frontier, reverse=True)[: shape.max_tokens]
             frontier = frontier[:top_k]
             if self._best(grown, fixed_s + deeper * step_s)[1] > now:
                 return True
