@@ -1,0 +1,136 @@
+"""How well a draft tree's node values predict what the target accepts, greedy: every node of
+every drafted tree is scored against the target's argmax at its parent (the target verifies
+every node, so each tells whether it would be accepted given its parent was), by the rank of
+its token among its parent's draft distribution:
+
+    python scripts/tree_node_reliability.py --target NAME --drafter artifact:DIR \
+        --prompts FILE.jsonl [--tree 8x3x24] [--max-new-tokens 64] [--json OUT.json]
+
+Each node's conditional acceptance is predicted three ways from its parent's draft
+distribution q and the calibrated acceptance c of q's top-1 token: raw q(token); `scaled`,
+c * q(token) / max q (what tree values used before: siblings may sum past 1); and `rest`, the
+policy's `sibling_acceptance` (c for the top-1 token, the rest 1 - c shared in proportion to q).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+import torch
+
+from draftsmith.commands.bench import parse_tree
+from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.core.models import load_model
+from draftsmith.core.signals import confidence_signals
+from draftsmith.decoding import SpeculativeDecoder, build_policy
+from draftsmith.decoding.benchmark import load_prompts
+from draftsmith.decoding.policies.base import sibling_acceptance
+
+VARIANTS = ("raw", "scaled", "rest")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--tree", default="8,3,24", help="TOP_K,DEPTH,TOTAL of a fixed tree")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    target, tokenizer = load_model(args.target, dtype=args.dtype)
+    built = build_drafter(args.drafter, target, tokenizer, dtype=args.dtype)
+    if built.acceptance is None:
+        parser.error(f"{args.drafter} is not calibrated: the variants differ only with calibration")
+    policy = build_policy(
+        "fixed", tree=parse_tree(args.tree), acceptance=built.acceptance, recalibrate=False
+    )
+    decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
+    # by rank: counts, accepted, and per variant the summed prediction and squared error
+    ranks = defaultdict(lambda: defaultdict(float))
+
+    def score(record) -> None:
+        draft = record.draft
+        if not len(draft):
+            return
+        depths, parents = draft.depths.tolist(), draft.parents.tolist()
+        signals = confidence_signals(draft.logits.float())
+        raw_path: list[float] = []
+        for i, parent in enumerate(parents):
+            raw_path.append(
+                (1.0 if parent < 0 else raw_path[parent]) * float(signals["top1_prob"][i])
+            )
+        signals["position"] = torch.tensor(depths, dtype=torch.float) - 1
+        signals["path_prob"] = torch.tensor(raw_path)
+        calibrated = policy.acceptance_prob(signals).float()
+        q = draft.logits.float().softmax(-1)
+        target_next = record.target_logits.argmax(-1)
+        for i, parent in enumerate(parents):
+            token = int(draft.tokens[i])
+            rank = int((q[i] > q[i, token]).sum()) + 1
+            top1 = float(q[i].max())
+            predicted = {
+                "raw": float(q[i, token]),
+                "scaled": float(calibrated[i]) * float(q[i, token]) / top1,
+                "rest": float(sibling_acceptance(q[i : i + 1], calibrated[i : i + 1])[0, token]),
+            }
+            accepted = float(int(target_next[1 + parent]) == token)
+            row = ranks[rank]
+            row["nodes"] += 1
+            row["accepted"] += accepted
+            for name, p in predicted.items():
+                row[f"{name}_sum"] += p
+                row[f"{name}_sq"] += (p - accepted) ** 2
+
+    prompts = load_prompts(args.prompts, args.limit)
+    for record in prompts:
+        ids = tokenizer(record["prompt"], return_tensors="pt").input_ids[0]
+        decoder.generate(ids, max_new_tokens=args.max_new_tokens, on_round=score)
+
+    table = {}
+    for rank in sorted(ranks):
+        row = ranks[rank]
+        n = row["nodes"]
+        table[rank] = {"nodes": int(n), "accepted": row["accepted"] / n} | {
+            name: {"predicted": row[f"{name}_sum"] / n, "brier": row[f"{name}_sq"] / n}
+            for name in VARIANTS
+        }
+    print(f"{'rank':>4} {'nodes':>6} {'accepted':>8} " + " ".join(f"{v:>8}" for v in VARIANTS))
+    for rank, row in table.items():
+        predicted = " ".join(f"{row[v]['predicted']:>8.3f}" for v in VARIANTS)
+        print(f"{rank:>4} {row['nodes']:>6} {row['accepted']:>8.3f} {predicted}")
+    later = [row for rank, row in table.items() if rank > 1]
+    n_later = sum(row["nodes"] for row in later)
+    summary = {
+        name: {
+            "brier_rank_2_on": sum(row[name]["brier"] * row["nodes"] for row in later) / n_later,
+            "predicted_rank_2_on": sum(row[name]["predicted"] * row["nodes"] for row in later)
+            / n_later,
+        }
+        for name in VARIANTS
+    }
+    accepted_later = sum(row["accepted"] * row["nodes"] for row in later) / n_later
+    print(f"rank >= 2: {n_later} nodes, accepted {accepted_later:.3f}")
+    for name, figures in summary.items():
+        print(
+            f"  {name:<7} predicted {figures['predicted_rank_2_on']:.3f}, "
+            f"Brier {figures['brier_rank_2_on']:.4f}"
+        )
+    if args.json:
+        report = {
+            "command": " ".join(["python", *sys.argv]),
+            "by_rank": table,
+            "rank_2_on": {"nodes": n_later, "accepted": accepted_later} | summary,
+        }
+        with open(args.json, "w") as out:
+            out.write(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
