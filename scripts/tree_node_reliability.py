@@ -8,8 +8,8 @@ its token among its parent's draft distribution:
 
 Each node's conditional acceptance is predicted three ways from its parent's draft
 distribution q and the calibrated acceptance c of q's top-1 token: raw q(token); `scaled`,
-c * q(token) / max q (what tree values used before: siblings may sum past 1); and `rest`, the
-policy's `sibling_acceptance` (c for the top-1 token, the rest 1 - c shared in proportion to q).
+c * q(token) / max q (the policy's `acceptance_fn`, what ranks tree nodes; siblings may sum
+past 1); and `rest`, c for the top-1 token and the rest 1 - c shared in proportion to q.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from draftsmith.core.models import load_model
 from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
-from draftsmith.decoding.policies.base import sibling_acceptance
 
 VARIANTS = ("raw", "scaled", "rest")
 
@@ -78,7 +77,9 @@ def main() -> None:
             predicted = {
                 "raw": float(q[i, token]),
                 "scaled": float(calibrated[i]) * float(q[i, token]) / top1,
-                "rest": float(sibling_acceptance(q[i : i + 1], calibrated[i : i + 1])[0, token]),
+                "rest": float(calibrated[i])
+                if rank == 1
+                else (1 - float(calibrated[i])) * float(q[i, token]) / (1 - top1),
             }
             accepted = float(int(target_next[1 + parent]) == token)
             row = ranks[rank]

@@ -123,8 +123,9 @@ class DraftPolicy:
 
     def acceptance_fn(self) -> AcceptanceFn | None:
         """How a drafter ranks tree nodes: None (the raw draft probabilities) without a calibrated
-        acceptance model; with one, `sibling_acceptance` of each node's calibrated top-1
-        acceptance."""
+        acceptance model. With one, a node's calibrated acceptance is that of its distribution's
+        top-1 token, shared among the candidate tokens in proportion to their draft
+        probabilities (so the top-1 token gets it exactly)."""
         if self.acceptance is None:
             return None
 
@@ -132,7 +133,9 @@ class DraftPolicy:
             signals = confidence_signals(logits)
             signals["position"] = depth.float()
             signals["path_prob"] = path_prob.float()
-            return sibling_acceptance(logits.float().softmax(-1), self.acceptance_prob(signals))
+            top1 = self.acceptance_prob(signals).float()
+            probs = logits.float().softmax(-1)
+            return probs * (top1 / signals["top1_prob"].clamp_min(1e-12))[:, None]
 
         return calibrated
 
@@ -152,17 +155,3 @@ class DraftPolicy:
             return stop_after(position, token, float(self.acceptance_prob(signals)[0]))
 
         return stop
-
-
-def sibling_acceptance(probs: torch.Tensor, top1_acceptance: torch.Tensor) -> torch.Tensor:
-    """P(the target accepts each token) (m, V) after m tree nodes, from each node's draft
-    distribution probs (m, V) and the calibrated acceptance of its top-1 token (m,): the top-1
-    token gets that acceptance c, every other token its share of the rest 1 - c in proportion
-    to its draft probability. The target accepts one token at most, so the shares sum to 1
-    (scaling every probability by c over the top-1's would let siblings sum past it)."""
-    top1_acceptance = top1_acceptance.float()
-    top1 = probs.amax(-1, keepdim=True)
-    rest = (1.0 - top1_acceptance[:, None]) * probs / (1.0 - top1).clamp_min(1e-12)
-    is_top1 = torch.zeros_like(probs, dtype=torch.bool)
-    is_top1.scatter_(-1, probs.argmax(-1, keepdim=True), True)
-    return torch.where(is_top1, top1_acceptance[:, None].expand_as(probs), rest)
