@@ -64,7 +64,7 @@ class DraftModelDrafter(Drafter):
         self._own.keep(min(self._own.agreeing(self._committed), len(self._committed) - 1))
         logits = self._forward(self._committed[len(self._own) :])[-1]
         if not request.shape.is_chain:
-            tree = DynamicTree(request.shape, request.acceptance, request.tree_stop)
+            tree = DynamicTree.for_request(request)
             self._tree_rows = TreeRows(tree, len(self._own))
             return tree.grow(logits, self._expand)
         builder = DraftBuilder(request)

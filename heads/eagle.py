@@ -249,7 +249,7 @@ class FeatureDrafter(Drafter):
         if request.shape.is_chain:
             draft = self._chain(hidden, DraftBuilder(request))
         else:
-            tree = DynamicTree(request.shape, request.acceptance, request.tree_stop)
+            tree = DynamicTree.for_request(request)
             draft = self._tree(hidden, tree)
         # Rows built on predicted features go: accepted ones are rebuilt on real features.
         self._own.keep(committed_rows)

@@ -4,9 +4,17 @@ The tree starts from the drafter's prediction after the newest committed token. 
 depth expands the `top_k` most valuable nodes of the depth before, `top_k` children each, in one
 forward of the drafter, until the shape's depth or until the request's `tree_stop` ends it; a
 node's value is the estimated probability that the target accepts its
-whole path (the `AcceptanceFn` multiplied along it). The proposed tree keeps the `total_tokens`
-most valuable nodes. Children are the top-k tokens, chosen deterministically, so under sampling
-each is verified as a one-hot draft, which keeps verification exact.
+whole path (the `AcceptanceFn` multiplied along it).
+
+Greedy: children are the top-k tokens, and the proposed tree keeps the `total_tokens` most
+valuable nodes. Sampling: a node's children are drawn from its processed draft distribution q
+without replacement (the first from q, each next from q without the earlier ones, renormalised:
+the `Draft.probs` that multi-candidate verification needs), so the first child is accepted as
+often as a chain's token. Verification stays exact only if whether a node is drafted does not
+depend on its own token or anything drafted after it, so under sampling a child's value is that
+of its rank (the acceptance of the parent distribution's rank-r token, a property of the
+distribution, not of the draw), and the `total_tokens` budget is spent as the tree grows, each
+depth on its most valuable (parent, rank) places, never by pruning afterwards.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.heads.base import (
     AcceptanceFn,
     Draft,
@@ -34,11 +43,19 @@ class DynamicTree:
     """The nodes drafted so far in one round, with their values; see the module docstring."""
 
     def __init__(
-        self, shape: TreeShape, acceptance: AcceptanceFn, stop: TreeStopFn | None = None
+        self,
+        shape: TreeShape,
+        acceptance: AcceptanceFn,
+        stop: TreeStopFn | None = None,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         self.shape = shape
         self.acceptance = acceptance
         self.stop = stop
+        self.sampling = None if sampling is None or sampling.greedy else sampling
+        """None: greedy (top-k children); else the processing children are sampled under."""
+        self.generator = generator
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depths: list[int] = []
@@ -47,12 +64,26 @@ class DynamicTree:
         self._raw_paths: list[float] = []  # product of the draft's top-1 probs along the path
         self._logits: list[torch.Tensor] = []  # (V,) per expanded distribution
         self._logits_row: list[int] = []  # per node, its parent's distribution in _logits
+        self._probs: list[torch.Tensor] = []  # under sampling, per node: q it was drawn from (V,)
+
+    @classmethod
+    def for_request(cls, request: DraftRequest, shape: TreeShape | None = None) -> DynamicTree:
+        """The tree a request asks for (of `shape` instead of the request's, when given)."""
+        return cls(
+            shape or request.shape,
+            request.acceptance,
+            request.tree_stop,
+            request.sampling,
+            request.generator,
+        )
 
     def grow(self, root_logits: torch.Tensor, expand: Expand) -> Draft:
         """Grow the whole tree from the prediction after the newest committed token, root_logits
         (V,), calling expand once per further depth; returns the proposed `Draft`."""
         frontier = self._add_children([-1], root_logits[None])
         for depth in range(1, self.shape.depth):
+            if self.sampling is not None and len(self.tokens) >= self.shape.max_tokens:
+                break  # the budget is spent
             if self.stop is not None and self.stop(depth, self):
                 break
             ranked = sorted(frontier, key=lambda n: -self.values[n])[: self.shape.top_k]
@@ -60,8 +91,8 @@ class DynamicTree:
         return self.draft()
 
     def _add_children(self, nodes: list[int], logits: torch.Tensor) -> list[int]:
-        """Give each of nodes (-1: the root) the top_k tokens of its logits (len(nodes), V) as
-        children; returns the new nodes."""
+        """Give each of nodes (-1: the root) its children from its logits (len(nodes), V): the
+        top_k tokens (greedy) or draws without replacement (sampling); returns the new nodes."""
         logits = logits.float()
         depth = torch.tensor([0 if n < 0 else self.depths[n] for n in nodes])
         raw_top1 = logits.softmax(-1).amax(-1)
@@ -69,28 +100,69 @@ class DynamicTree:
         raw_paths = parent_raw * raw_top1
         accept = self.acceptance(logits, depth, raw_paths)
         top = accept.topk(min(self.shape.top_k, accept.shape[-1]), dim=-1)
+        parent_values = torch.tensor([1.0 if n < 0 else self.values[n] for n in nodes])
+        values = parent_values[:, None] * top.values  # (len(nodes), top_k), by rank
+        if self.sampling is None:
+            children = [
+                [(t, v, None) for t, v in zip(tokens, row, strict=True) if v > 0.0]
+                for tokens, row in zip(top.indices.tolist(), values.tolist(), strict=True)
+            ]  # a value of 0: the drafter rules the token out (outside its vocabulary)
+        else:
+            children = self._sampled_children(logits, values)
         added = []
         for i, node in enumerate(nodes):
             self._logits.append(logits[i])
-            parent_value = 1.0 if node < 0 else self.values[node]
-            for value, token in zip(top.values[i].tolist(), top.indices[i].tolist(), strict=True):
-                if value <= 0.0:  # the drafter rules the token out (outside its vocabulary)
-                    continue
+            for token, value, probs in children[i]:
                 added.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(node)
                 self.depths.append(int(depth[i]) + 1)
-                self.values.append(parent_value * value)
+                self.values.append(value)
                 self._raw_paths.append(float(raw_paths[i]))
                 self._logits_row.append(len(self._logits) - 1)
+                if probs is not None:
+                    self._probs.append(probs)
         return added
 
+    def _sampled_children(
+        self, logits: torch.Tensor, values: torch.Tensor
+    ) -> list[list[tuple[int, float, torch.Tensor]]]:
+        """Per node, its children (token, value, q drawn from) under sampling: the budget left
+        goes to the most valuable (node, rank) places, values (len(nodes), top_k) per rank, and
+        each node draws as many tokens as it got places, without replacement."""
+        q = probabilities(logits, self.sampling)
+        drawable = (q > 0).sum(-1).tolist()
+        places = [
+            (value, i, rank)
+            for i, row in enumerate(values.tolist())
+            for rank, value in enumerate(row[: drawable[i]])
+            if value > 0.0
+        ]
+        # Values fall with rank, so each node's places are its first ranks.
+        places = sorted(places, key=lambda p: (-p[0], p[1], p[2]))
+        room = self.shape.max_tokens - len(self.tokens)
+        count = [0] * len(q)
+        for _, i, _ in places[:room]:
+            count[i] += 1
+        children = []
+        for i, row in enumerate(values.tolist()):
+            drawn = _without_replacement(q[i], count[i], self.generator)
+            left, siblings = q[i].clone(), []
+            for rank, token in enumerate(drawn):
+                siblings.append((token, row[rank], left / left.sum()))
+                left[token] = 0.0
+            children.append(siblings)
+        return children
+
     def draft(self) -> Draft:
-        """The shape's total_tokens most valuable nodes drafted (each with its parent's logits)."""
+        """The shape's total_tokens most valuable nodes drafted (each with its parent's logits);
+        under sampling every node drafted (the budget was spent growing)."""
         kept = most_valuable(self.values, self.depths, self.shape.max_tokens)
         renumber = {node: i for i, node in enumerate(kept)}
+        probs = torch.stack([self._probs[n] for n in kept]) if self._probs and kept else None
         return Draft(
             tokens=torch.tensor([self.tokens[n] for n in kept], dtype=torch.long),
+            probs=probs,
             logits=torch.stack([self._logits[self._logits_row[n]] for n in kept]) if kept else None,
             parents=torch.tensor(
                 [renumber.get(self.parents[n], -1) for n in kept], dtype=torch.long
@@ -105,10 +177,20 @@ def combine_depths(request: DraftRequest, depth_logits: list[torch.Tensor]) -> D
     path): every node of one depth gets that depth's top-k as children, and the tree keeps the
     most valuable combinations under the request's budget."""
     shape = replace(request.shape, depth=min(request.shape.depth, len(depth_logits)))
-    tree = DynamicTree(shape, request.acceptance, request.tree_stop)
+    tree = DynamicTree.for_request(request, shape)
     return tree.grow(
         depth_logits[0], lambda nodes: depth_logits[tree.depths[nodes[0]]].expand(len(nodes), -1)
     )
+
+
+def _without_replacement(q: torch.Tensor, count: int, generator: torch.Generator | None):
+    """count distinct token ids drawn from q (V,) one after another without replacement, in draw
+    order (Gumbel top-k: the largest log q + Gumbel noise)."""
+    if count == 0:
+        return []
+    uniform = torch.rand(q.shape, generator=generator).clamp_min(1e-20)
+    keys = q.log() - (-uniform.log()).log()
+    return keys.topk(count).indices.tolist()
 
 
 class TreeRows:

@@ -210,6 +210,64 @@ def test_each_rows_chain_is_cut_on_its_own_acceptance(monkeypatch):
     assert kept == [1, 0]
 
 
+# Verifying one drafted token costs twice a plain step, two cost 2.1x: at acceptance 0.9 the pair
+# pays (2.71 tokens for 2.1 steps), the first token alone does not (1.9 for 2).
+_PAIR_PAYS = [1.0, 2.0, 2.1, 2.2]
+
+
+@pytest.mark.parametrize(("sampled", "kept"), [(False, 2), (True, 0)])
+def test_a_sampled_chain_is_not_kept_for_what_its_later_tokens_promise(monkeypatch, sampled, kept):
+    """A greedy chain keeps both tokens. A sampled one keeps neither: the second token's
+    acceptance comes from the distribution drawn after the first token, so keeping the first for
+    it would make the first token's fate depend on its own draw, and the output would no longer
+    follow the target's distribution."""
+    TickingClock(monkeypatch, 0.0)
+    policy = CostAwarePolicy(cost=_curve(_PAIR_PAYS), recalibrate=False)  # raw top-1
+    policy.shape()
+    stop = policy.stop_fn()
+    q = torch.tensor([0.9, 0.1])
+    for position in range(2):
+        stop(position, q.log())
+    draft = Draft(
+        tokens=torch.zeros(2, dtype=torch.long), probs=q.expand(2, -1) if sampled else None
+    )
+    assert len(policy.trim(draft)) == kept
+
+
+@pytest.mark.parametrize(("sampled", "kept"), [(False, 2), (True, 0)])
+def test_a_sampled_tree_is_cut_node_by_node_on_what_precedes_each(sampled, kept):
+    """The tree form of the chain case above: a node of depth 2 cannot keep its parent."""
+    policy = CostAwarePolicy(tree=TreeShape(top_k=2, depth=2), cost=_curve(_PAIR_PAYS))
+    policy.shape()
+    q = torch.tensor([0.9, 0.1])
+    draft = Draft(
+        tokens=torch.tensor([0, 0]),
+        parents=torch.tensor([-1, 0]),
+        values=torch.tensor([0.9, 0.81]),
+        probs=q.expand(2, -1) if sampled else None,
+    )
+    assert len(policy.trim(draft)) == kept
+
+
+def test_a_sampled_trees_cut_keeps_each_nodes_elder_siblings_and_parent():
+    """Flat verification: nodes are kept depth by depth, each depth's most valuable first, up to
+    the first that does not pay; every kept node's parent and elder siblings are kept."""
+    policy = CostAwarePolicy(
+        tree=TreeShape(top_k=2, depth=3), cost=_curve([1.0, 1.0, 1.0, 1.0, 9.0, 9.0, 9.0])
+    )
+    policy.shape()
+    # depth 1: 0 (0.6), 1 (0.3); depth 2: 2 under 0 (0.5), 3 under 1 (0.2), 4 under 0 (0.1).
+    draft = Draft(
+        tokens=torch.tensor([0, 1, 0, 0, 1]),
+        parents=torch.tensor([-1, -1, 0, 1, 0]),
+        values=torch.tensor([0.6, 0.3, 0.5, 0.2, 0.1]),
+        probs=torch.full((5, 2), 0.5),
+    )
+    kept = policy.trim(draft)
+    # Three nodes verify at a plain step's cost; a fourth costs nine.
+    assert kept.tokens.tolist() == [0, 1, 0] and kept.parents.tolist() == [-1, -1, 0]
+
+
 def _round(committed: int, round_s: float, drafted: int = 4) -> RoundOutcome:
     draft = Draft(tokens=torch.arange(drafted))
     return RoundOutcome(draft, list(range(committed - 1)), draft_s=0.1, round_s=round_s)

@@ -14,9 +14,12 @@ import torch
 from conftest import MarkovTarget, TableDrafter, tiny_model
 from scipy.stats import chisquare
 
-from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith import CostAwarePolicy, FixedPolicy, SpeculativeDecoder
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
+from draftsmith.decoding import decoder as decoder_module
 from draftsmith.decoding import verify_sampling
+from draftsmith.decoding.policies import cost_aware
+from draftsmith.decoding.profile import CostCurve
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
 
 V = 6
@@ -274,4 +277,42 @@ def test_draft_model_trees_sample_the_target_distribution():
     for seed in range(n):
         result = decoder.generate([0], max_new_tokens=3, temperature=1.0, seed=seed)
         counts[tuple(result.tokens)] += 1
+    assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
+
+
+class _Clock:
+    """Stands in for perf_counter: every reading is `tick` s after the one before, so the
+    cost-aware policy's timings, and so its cuts, are the same in every run."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(top_k=3, depth=3, total_tokens=6)])
+def test_cost_aware_cuts_keep_sampling_exact(monkeypatch, tree):
+    """The cost-aware policy cuts every draft on a verify curve with a step in it (up to 4
+    tokens verify for one's cost, 5 for five times it; a drafter step costs a tenth of a plain
+    step), so whether a token is verified depends on the acceptance of what was drafted before
+    it, never after."""
+    monkeypatch.setattr(decoder_module.time, "perf_counter", _Clock(0.01))
+    monkeypatch.setattr(cost_aware, "perf_counter", _Clock(0.001))
+    params = SEQ_PARAMS["t1"]
+    vocab, n = 4, 2000
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
+    drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
+    cost = CostCurve(tokens=[1, 2, 3, 4, 5], verify_s=[0.02, 0.02, 0.02, 0.02, 0.1], context=8)
+    policy = CostAwarePolicy(tree=tree, cost=cost, patience=1e9, max_draft_tokens=4)
+    decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy)
+    counts = Counter()
+    drafted = accepted = 0
+    for seed in range(n):
+        result = decoder.generate([0], max_new_tokens=3, temperature=1.0, seed=seed)
+        counts[tuple(result.tokens)] += 1
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+    assert 0 < accepted < drafted
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)

@@ -3,6 +3,8 @@ drafter kind, and the dynamic tree's construction."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from conftest import greedy_reference, perturbed_copy, tiny_model
@@ -118,6 +120,50 @@ def test_dynamic_tree_values_budget_and_closure():
         siblings.setdefault(int(draft.parents[node]), []).append(int(draft.tokens[node]))
     assert all(len(set(t)) == len(t) for t in siblings.values())
     assert draft.logits.shape == (5, 4)
+
+
+def _sampled_tree(seed: int, shape: TreeShape):
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    tree = DynamicTree(
+        shape,
+        raw_acceptance,
+        sampling=SamplingParams(temperature=1.0),
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return tree.grow(probs.log(), lambda nodes: probs.log().expand(len(nodes), -1)), probs
+
+
+def test_a_sampled_tree_draws_children_without_replacement_and_records_their_q():
+    shape = TreeShape(top_k=3, depth=3, total_tokens=7)
+    drafts = [_sampled_tree(seed, shape) for seed in range(20)]
+    for draft, q in drafts:
+        assert len(draft) == 7  # the budget, spent as the tree grew
+        for node in range(len(draft)):
+            elders = [
+                s for s in draft.children(int(draft.parents[node])) if s < node
+            ]  # drawn before it
+            expected = q.clone()
+            expected[draft.tokens[elders]] = 0
+            assert torch.allclose(draft.probs[node], expected / expected.sum())
+            assert int(draft.tokens[node]) not in draft.tokens[elders].tolist()
+    # The draws differ between seeds; which places the tree holds and their values do not
+    # (a node's value is its rank's, never its own token's).
+    assert len({tuple(d.tokens.tolist()) for d, _ in drafts}) > 1
+    assert len({(tuple(d.parents.tolist()), tuple(d.values.tolist())) for d, _ in drafts}) == 1
+
+
+def test_sampled_children_follow_the_draft_distribution_in_draw_order():
+    """The first child of the root is a draw from q, the second from q without the first."""
+    shape = TreeShape(top_k=2, depth=1)
+    first, second = Counter(), Counter()
+    for seed in range(4000):
+        draft, q = _sampled_tree(seed, shape)
+        first[int(draft.tokens[0])] += 1
+        second[(int(draft.tokens[0]), int(draft.tokens[1]))] += 1
+    for token, count in first.items():
+        assert count / 4000 == pytest.approx(float(q[token]), abs=0.03)
+    # P(second = 1 | first = 0) = 0.3 / 0.5
+    assert second[(0, 1)] / first[0] == pytest.approx(0.6, abs=0.04)
 
 
 def test_a_tree_stops_growing_where_its_stop_rule_says():

@@ -91,7 +91,9 @@ class CostAwarePolicy(DraftPolicy):
     far, and before any, the drafter's steps as the stop rule times them). Drafting goes on
     while some longer draft, each further token accepted with probability a_n, is expected to
     beat value(n); the draft is then cut to the prefix of best value, drafting cost spent
-    (possibly to nothing: the round is a plain step). Nothing is drafted while even a
+    (possibly to nothing: the round is a plain step). A sampled draft is cut node by node
+    instead, before the first node that does not pay on what precedes it (`_while_each_pays`),
+    which keeps rejection sampling exact. Nothing is drafted while even a
     chain the target would accept whole could not beat a plain step.
 
     A tree (`tree` set) is planned the same way, a depth (one drafter step over up to top_k
@@ -335,21 +337,30 @@ class CostAwarePolicy(DraftPolicy):
         accepted = self._round_acceptance.pop(0) if self._round_acceptance else []
         if len(accepted) != len(draft):  # a drafter that ignored the stop rule
             return draft
-        return draft.subtree(range(self._best_prefix(accepted)))
-
-    def _best_prefix(self, accepted: list[float]) -> int:
-        """The chain prefix of best value; accepted holds each drafted token's acceptance."""
         paths = list(itertools.accumulate(accepted, operator.mul))
-        return self._best(paths, self._drafting_s(len(accepted)))[0]
+        if draft.probs is not None:
+            return draft.subtree(range(self._while_each_pays(paths, range(1, len(paths) + 1))))
+        return draft.subtree(range(self._best(paths, self._drafting_s(len(paths)))[0]))
 
     def _trim_tree(self, draft: Draft, depths: int) -> Draft:
         if draft.values is None:
             return draft
-        # A node's value is its path's probability of acceptance, so the n most valuable nodes
-        # (a tree: parents are worth at least their children) are expected to give their sum.
-        values = draft.values.sort(descending=True).values.tolist()
-        size, _ = self._best(values, self._drafting_s(depths))
-        kept = draft.pruned(size)
+        if draft.probs is not None:
+            # Depth by depth, each depth's most valuable first (ties: the earlier node, so a
+            # node's elder siblings go first): every node comes after its parent.
+            order = sorted(
+                range(len(draft)),
+                key=lambda n: (int(draft.depths[n]), -float(draft.values[n]), n),
+            )
+            values = [float(draft.values[n]) for n in order]
+            size = self._while_each_pays(values, [int(draft.depths[n]) for n in order])
+            kept = draft.subtree(sorted(order[:size]))
+        else:
+            # A node's value is its path's probability of acceptance, so the n most valuable
+            # nodes (parents are worth at least their children) are expected to give their sum.
+            values = draft.values.sort(descending=True).values.tolist()
+            size, _ = self._best(values, self._drafting_s(depths))
+            kept = draft.pruned(size)
         widest = int(kept.depths.bincount().max()) if size else 1
         self._budget = min(2 * widest, self.largest.top_k)
         return kept
@@ -357,6 +368,26 @@ class CostAwarePolicy(DraftPolicy):
     def _drafting_s(self, steps: int) -> float:
         """A row's expected seconds of drafting `steps` steps this round."""
         return self._row_draft_fixed_s() + steps * self._draft_cost.per_step
+
+    def _while_each_pays(self, values: list[float], steps: Sequence[int]) -> int:
+        """How many of a sampled draft's nodes to verify, in the order given (each after its
+        parent): the nodes before the first whose verification would lower this round's
+        committed tokens per second, the drafting of its `steps` spent.
+
+        Sampling stays exact only if whether a node is verified does not depend on its own token
+        or on anything drafted after it (the tokens a node's children are drawn from depend on
+        it); a node's value depends on neither, and this cut judges each node on the values of
+        the nodes before it and its own. The best size over the whole draft, as greedy drafts
+        are cut, would keep a token for what its continuation promises."""
+        accepted, verified = 0.0, 1
+        for n, (value, step) in enumerate(zip(values, steps, strict=True)):
+            spent_s = self._drafting_s(step)
+            without = (1.0 + accepted) / (spent_s + self.row_verify_s(verified))
+            with_it = (1.0 + accepted + value) / (spent_s + self.row_verify_s(verified + 1))
+            if with_it <= without:
+                return n
+            accepted, verified = accepted + value, verified + 1
+        return len(values)
 
     def _best(self, values: list[float], spent_s: float) -> tuple[int, float]:
         """The number n of draft nodes to verify that maximises this round's committed tokens
