@@ -82,11 +82,12 @@ class DynamicTree:
         (V,), calling expand once per further depth; returns the proposed `Draft`."""
         frontier = self._add_children([-1], root_logits[None])
         for depth in range(1, self.shape.depth):
-            if self.sampling is not None and len(self.tokens) >= self.shape.max_tokens:
-                break  # the budget is spent
-            if self.stop is not None and self.stop(depth, self):
+            width = self.shape.top_k
+            if self.sampling is not None:  # the budget is spent as the tree grows
+                width = min(width, self.shape.max_tokens - len(self.tokens))
+            if width <= 0 or not frontier or (self.stop is not None and self.stop(depth, self)):
                 break
-            ranked = sorted(frontier, key=lambda n: -self.values[n])[: self.shape.top_k]
+            ranked = sorted(frontier, key=lambda n: -self.values[n])[:width]
             frontier = self._add_children(ranked, expand(ranked))
         return self.draft()
 
