@@ -276,3 +276,26 @@ def test_every_drafter_kind_branches(name, llama):
     drafter.start(prompt, features)
     draft = drafter.propose(TREE, SamplingParams())
     assert int(draft.depths.max()) < len(draft) <= TREE.max_tokens  # branches, within budget
+
+
+@pytest.mark.parametrize("name", ["medusa", "mtp", "eagle", "eagle3", "draft-model"])
+def test_every_drafter_kind_samples_its_tree(name, llama):
+    """At temperature 1 each node carries the q it was drawn from (its elder siblings' tokens
+    taken out), and the decoder runs sampled trees round after round."""
+    if name == "draft-model":
+        drafter = DraftModelDrafter(perturbed_copy(llama, scale=0.3))
+    else:
+        drafter = build_head(name, llama).as_drafter(llama)
+    prompt = torch.tensor([4, 8, 15, 4, 8, 16, 4, 8])
+    features = Target(llama, drafter.target_feature_layers).extend(prompt[:-1])[1]
+    drafter.start(prompt, features)
+    sampling = SamplingParams(temperature=1.0)
+    draft = drafter.propose(TREE, sampling, torch.Generator().manual_seed(0))
+    assert int(draft.depths.max()) < len(draft) <= TREE.max_tokens
+    for node in range(len(draft)):
+        elders = [s for s in draft.children(int(draft.parents[node])) if s < node]
+        assert draft.probs[node, draft.tokens[node]] > 0
+        assert (draft.probs[node, draft.tokens[elders]] == 0).all()
+        assert float(draft.probs[node].sum()) == pytest.approx(1.0, abs=1e-5)
+    result = _tree_decoder(llama, drafter).generate(prompt, 16, temperature=1.0, seed=0)
+    assert len(result.tokens) == 16 and result.stats.drafted > 0
