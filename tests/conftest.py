@@ -77,6 +77,18 @@ def qwen2():
     return tiny_model("qwen2", seed=3)
 
 
+class Clock:
+    """Stands in for time.perf_counter: every reading is `tick` s after the one before, so
+    timings (and what a policy decides from them) are the same in every run."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
 class MarkovTarget(torch.nn.Module):
     """A hand-written target: the next-token logits depend only on the previous token.
 

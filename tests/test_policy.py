@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import greedy_reference, tiny_model
+from conftest import Clock, greedy_reference, tiny_model
 
 from draftsmith.decoding import (
     POLICIES,
@@ -168,16 +168,9 @@ def test_cost_aware_stops_where_the_curve_steps_up(llama):
     assert len(_decode(llama, policy).drafted_by_position) == 3
 
 
-class TickingClock:
-    """Stands in for perf_counter in the cost-aware policy: each reading is `tick` s later."""
-
-    def __init__(self, monkeypatch, tick: float) -> None:
-        self.now, self.tick = 0.0, tick
-        monkeypatch.setattr(cost_aware, "perf_counter", self)
-
-    def __call__(self) -> float:
-        self.now += self.tick
-        return self.now
+def tick_clock(monkeypatch, tick: float) -> None:
+    """The cost-aware policy's perf_counter reads `tick` s later each time."""
+    monkeypatch.setattr(cost_aware, "perf_counter", Clock(tick))
 
 
 @pytest.mark.parametrize(("step_s", "drafted"), [(0.0, 8), (0.5, 3)])
@@ -186,7 +179,7 @@ def test_the_first_round_stops_once_a_drafter_step_costs_more_than_it_adds(
 ):
     """No round has been timed yet, so the stop rule times the drafter's steps itself: at half a
     verification a step, with 0.9 acceptance, a 3-token chain is worth most (E / (0.5 n + 1))."""
-    TickingClock(monkeypatch, step_s)
+    tick_clock(monkeypatch, step_s)
     policy = CostAwarePolicy(
         cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.9), recalibrate=False
     )
@@ -196,7 +189,7 @@ def test_the_first_round_stops_once_a_drafter_step_costs_more_than_it_adds(
 def test_each_rows_chain_is_cut_on_its_own_acceptance(monkeypatch):
     """Two rows' chains at a batch: the confident one keeps a token, the unsure one none (both
     stop rules were made before either row drafted)."""
-    TickingClock(monkeypatch, 0.0)
+    tick_clock(monkeypatch, 0.0)
     cost = CostCurve(tokens=[1, 2, 4, 6, 8], verify_s=[1.0, 1.0, 1.2, 4.0, 6.0], context=8)
     policy = CostAwarePolicy(cost=cost, recalibrate=False)  # raw top-1 probability
     policy.shape(rows=2)
@@ -221,7 +214,7 @@ def test_a_sampled_chain_is_not_kept_for_what_its_later_tokens_promise(monkeypat
     acceptance comes from the distribution drawn after the first token, so keeping the first for
     it would make the first token's fate depend on its own draw, and the output would no longer
     follow the target's distribution."""
-    TickingClock(monkeypatch, 0.0)
+    tick_clock(monkeypatch, 0.0)
     policy = CostAwarePolicy(cost=_curve(_PAIR_PAYS), recalibrate=False)  # raw top-1
     policy.shape()
     stop = policy.stop_fn()

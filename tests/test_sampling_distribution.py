@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import MarkovTarget, TableDrafter, tiny_model
+from conftest import Clock, MarkovTarget, TableDrafter, tiny_model
 from scipy.stats import chisquare
 
 from draftsmith import CostAwarePolicy, FixedPolicy, SpeculativeDecoder
@@ -280,26 +280,14 @@ def test_draft_model_trees_sample_the_target_distribution():
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
 
 
-class _Clock:
-    """Stands in for perf_counter: every reading is `tick` s after the one before, so the
-    cost-aware policy's timings, and so its cuts, are the same in every run."""
-
-    def __init__(self, tick: float) -> None:
-        self.now, self.tick = 0.0, tick
-
-    def __call__(self) -> float:
-        self.now += self.tick
-        return self.now
-
-
 @pytest.mark.parametrize("tree", [None, TreeShape(top_k=3, depth=3, total_tokens=6)])
 def test_cost_aware_cuts_keep_sampling_exact(monkeypatch, tree):
     """The cost-aware policy cuts every draft on a verify curve with a step in it (up to 4
     tokens verify for one's cost, 5 for five times it; a drafter step costs a tenth of a plain
     step), so whether a token is verified depends on the acceptance of what was drafted before
     it, never after."""
-    monkeypatch.setattr(decoder_module.time, "perf_counter", _Clock(0.01))
-    monkeypatch.setattr(cost_aware, "perf_counter", _Clock(0.001))
+    monkeypatch.setattr(decoder_module.time, "perf_counter", Clock(0.01))
+    monkeypatch.setattr(cost_aware, "perf_counter", Clock(0.001))
     params = SEQ_PARAMS["t1"]
     vocab, n = 4, 2000
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
