@@ -181,6 +181,64 @@ class OnlineAcceptance:
         self.n_observed += len(y)
 
 
+class SiblingRate:
+    """How often a tree's later children are accepted, against the value the tree gave them,
+    learnt from the verification stream.
+
+    A tree shares its parent distribution's calibrated top-1 acceptance c among the candidate
+    tokens in proportion to q, so the child in place r (its parent's r-th, by rank when greedy,
+    by draw when sampling) is valued c q_r / q_1. `OnlineAcceptance` keeps c calibrated; the
+    later places have no such check, and how far they are off depends on the head, the workload
+    and on greedy against sampled verification (benchmarks/README.md, session 20: sampled second
+    children accepted 0.087 where their values said 0.115). So every later child's value is
+    multiplied by
+
+        factor = (prior + accepted) / (prior + predicted),
+
+    sums over the later children the target judged (their parent on the accepted path):
+    `accepted` counts those on the path, `predicted` their values given the parent at factor 1,
+    each fading by `forgetting` per later child observed. A judged child is on the path with
+    the probability its value estimates, under greedy and sampled verification alike.
+    """
+
+    def __init__(self, prior: float = 1.0, forgetting: float = 0.998) -> None:
+        """prior: pseudo-counts of acceptance at the values as they are (factor 1): about ten
+        later children at the values seen (~0.1 each) before the factor moves halfway.
+        forgetting: a memory of ~500 later children, longer than `OnlineAcceptance`'s: at ~0.1
+        accepted each, 100 would leave the factor a third off by chance alone."""
+        if not (math.isfinite(prior) and prior > 0):
+            raise ValueError(f"prior must be a finite number > 0, got {prior}")
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
+        self.prior = prior
+        self.forgetting = forgetting
+        self.accepted = 0.0
+        self.predicted = 0.0
+
+    @property
+    def factor(self) -> float:
+        """The multiplier of a later child's value (1 before any observation)."""
+        return (self.prior + self.accepted) / (self.prior + self.predicted)
+
+    def observe(self, draft: Draft, accepted_path: Sequence[int]) -> None:
+        """Learn from a verified tree whose values were made at the current `factor`."""
+        if draft.values is None or draft.is_chain:
+            return
+        factor = self.factor
+        on_path = set(accepted_path)
+        parents = draft.parents.tolist()
+        values = draft.values.tolist()
+        seen_parents = set()
+        for node, parent in enumerate(parents):
+            first = parent not in seen_parents
+            seen_parents.add(parent)
+            if first or not (parent < 0 or parent in on_path):
+                continue
+            given_parent = values[node] / (1.0 if parent < 0 else max(values[parent], 1e-12))
+            self.accepted = self.forgetting * self.accepted + float(node in on_path)
+            self.predicted = self.forgetting * self.predicted + given_parent / factor
+
+
 _PRIOR_MEAN = (0.0, 1.0)
 """(a, b) of the identity correction: the offline model as it is."""
 
