@@ -123,10 +123,7 @@ class OnlineAcceptance:
         ~40 observations) is within 0.002 nats of the best and the most cautious of the near-best:
         three misses at top-1 0.9 move that prediction to 0.71 (to 0.42 at prior_strength 3).
         Memory ~100 observations (forgetting 0.99) follows a new workload within a few prompts."""
-        if not (math.isfinite(prior_strength) and prior_strength > 0):
-            raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength}")
-        if not 0.0 < forgetting <= 1.0:
-            raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
+        _check_memory("prior_strength", prior_strength, forgetting)
         self.offline = offline
         self.prior_strength = prior_strength
         self.forgetting = forgetting
@@ -206,10 +203,7 @@ class SiblingRate:
         later children at the values seen (~0.1 each) before the factor moves halfway.
         forgetting: a memory of ~500 later children, longer than `OnlineAcceptance`'s: at ~0.1
         accepted each, 100 would leave the factor a third off by chance alone."""
-        if not (math.isfinite(prior) and prior > 0):
-            raise ValueError(f"prior must be a finite number > 0, got {prior}")
-        if not 0.0 < forgetting <= 1.0:
-            raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
+        _check_memory("prior", prior, forgetting)
         self.prior = prior
         self.forgetting = forgetting
         self.accepted = 0.0
@@ -237,6 +231,14 @@ class SiblingRate:
             given_parent = values[node] / (1.0 if parent < 0 else max(values[parent], 1e-12))
             self.accepted = self.forgetting * self.accepted + float(node in on_path)
             self.predicted = self.forgetting * self.predicted + given_parent / factor
+
+
+def _check_memory(prior_name: str, prior: float, forgetting: float) -> None:
+    """An online estimate's prior weight must be a finite number > 0, its forgetting in (0, 1]."""
+    if not (math.isfinite(prior) and prior > 0):
+        raise ValueError(f"{prior_name} must be a finite number > 0, got {prior}")
+    if not 0.0 < forgetting <= 1.0:
+        raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
 
 
 _PRIOR_MEAN = (0.0, 1.0)
