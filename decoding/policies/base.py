@@ -64,7 +64,8 @@ class DraftPolicy:
     """Correct `acceptance` online from every verification (`OnlineAcceptance`, the offline fit
     as its prior), and a tree's later children by how often they are accepted (`SiblingRate`),
     so the policy acts on the acceptance of the traffic it sees."""
-    _siblings: SiblingRate | None = field(default=None, init=False, repr=False)
+    siblings: SiblingRate | None = field(default=None, init=False, repr=False)
+    """The online correction of later children's values (with `recalibrate`; None: none)."""
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:
@@ -72,7 +73,7 @@ class DraftPolicy:
         if self.recalibrate:
             if not isinstance(self.acceptance, OnlineAcceptance):
                 self.acceptance = OnlineAcceptance(self.acceptance)
-            self._siblings = SiblingRate()
+            self.siblings = SiblingRate()
 
     @property
     def largest(self) -> TreeShape:
@@ -111,8 +112,8 @@ class DraftPolicy:
             and draft.logits is not None
         ):
             self.acceptance.observe(*round_outcomes(draft, outcome.accepted_path))
-        if self._siblings is not None:
-            self._siblings.observe(draft, outcome.accepted_path)
+        if self.siblings is not None:
+            self.siblings.observe(draft, outcome.accepted_path)
 
     def observe_round(self, outcomes: Sequence[RoundOutcome]) -> None:
         """Learn from a verified round of one or more rows (one outcome each, in row order),
@@ -135,7 +136,7 @@ class DraftPolicy:
         online `SiblingRate` (never above the top-1's)."""
         if self.acceptance is None:
             return None
-        sibling_factor = 1.0 if self._siblings is None else self._siblings.factor
+        sibling_factor = 1.0 if self.siblings is None else self.siblings.factor
 
         def calibrated(logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor):
             signals = confidence_signals(logits)
