@@ -186,9 +186,8 @@ class SiblingRate:
     tokens in proportion to q, so the child in place r (its parent's r-th, by rank when greedy,
     by draw when sampling) is valued c q_r / q_1. `OnlineAcceptance` keeps c calibrated; the
     later places have no such check, and how far they are off depends on the head, the workload
-    and on greedy against sampled verification (benchmarks/README.md, session 20: sampled second
-    children accepted 0.087 where their values said 0.115). So every later child's value is
-    multiplied by
+    and on greedy against sampled verification (benchmarks/README.md, "How well rank values
+    predict sampled siblings"). So every later child's value is multiplied by
 
         factor = (prior + accepted) / (prior + predicted),
 
