@@ -123,7 +123,10 @@ class OnlineAcceptance:
         ~40 observations) is within 0.002 nats of the best and the most cautious of the near-best:
         three misses at top-1 0.9 move that prediction to 0.71 (to 0.42 at prior_strength 3).
         Memory ~100 observations (forgetting 0.99) follows a new workload within a few prompts."""
-        _check_memory("prior_strength", prior_strength, forgetting)
+        if not (math.isfinite(prior_strength) and prior_strength > 0):
+            raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength}")
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
         self.offline = offline
         self.prior_strength = prior_strength
         self.forgetting = forgetting
@@ -176,68 +179,6 @@ class OnlineAcceptance:
         centre = _solve(precision, moment)
         self.mean, self.precision = _newton(z, y, centre, precision)
         self.n_observed += len(y)
-
-
-class SiblingRate:
-    """How often a tree's later children are accepted, against the value the tree gave them,
-    learnt from the verification stream.
-
-    A tree shares its parent distribution's calibrated top-1 acceptance c among the candidate
-    tokens in proportion to q, so the child in place r (its parent's r-th, by rank when greedy,
-    by draw when sampling) is valued c q_r / q_1. `OnlineAcceptance` keeps c calibrated; the
-    later places have no such check, and how far they are off depends on the head, the workload
-    and on greedy against sampled verification (benchmarks/README.md, "How well rank values
-    predict sampled siblings"). So every later child's value is multiplied by
-
-        factor = (prior + accepted) / (prior + predicted),
-
-    sums over the later children the target judged (their parent on the accepted path):
-    `accepted` counts those on the path, `predicted` their values given the parent at factor 1,
-    each fading by `forgetting` per later child observed. A judged child is on the path with
-    the probability its value estimates, under greedy and sampled verification alike.
-    """
-
-    def __init__(self, prior: float = 1.0, forgetting: float = 0.998) -> None:
-        """prior: pseudo-counts of acceptance at the values as they are (factor 1): about ten
-        later children at the values seen (~0.1 each) before the factor moves halfway.
-        forgetting: a memory of ~500 later children, longer than `OnlineAcceptance`'s: at ~0.1
-        accepted each, 100 would leave the factor a third off by chance alone."""
-        _check_memory("prior", prior, forgetting)
-        self.prior = prior
-        self.forgetting = forgetting
-        self.accepted = 0.0
-        self.predicted = 0.0
-
-    @property
-    def factor(self) -> float:
-        """The multiplier of a later child's value (1 before any observation)."""
-        return (self.prior + self.accepted) / (self.prior + self.predicted)
-
-    def observe(self, draft: Draft, accepted_path: Sequence[int]) -> None:
-        """Learn from a verified tree whose values were made at the current `factor`."""
-        if draft.values is None or draft.is_chain:
-            return
-        factor = self.factor
-        on_path = set(accepted_path)
-        parents = draft.parents.tolist()
-        values = draft.values.tolist()
-        seen_parents = set()
-        for node, parent in enumerate(parents):
-            first = parent not in seen_parents
-            seen_parents.add(parent)
-            if first or not (parent < 0 or parent in on_path):
-                continue
-            given_parent = values[node] / (1.0 if parent < 0 else max(values[parent], 1e-12))
-            self.accepted = self.forgetting * self.accepted + float(node in on_path)
-            self.predicted = self.forgetting * self.predicted + given_parent / factor
-
-
-def _check_memory(prior_name: str, prior: float, forgetting: float) -> None:
-    """An online estimate's prior weight must be a finite number > 0, its forgetting in (0, 1]."""
-    if not (math.isfinite(prior) and prior > 0):
-        raise ValueError(f"{prior_name} must be a finite number > 0, got {prior}")
-    if not 0.0 < forgetting <= 1.0:
-        raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
 
 
 _PRIOR_MEAN = (0.0, 1.0)

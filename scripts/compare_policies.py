@@ -10,8 +10,7 @@ noise hits them alike; speed is reported as ratios to plain and to the first pol
 
 A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
 tree=auto|TOP_KxDEPTHxTOTAL, raw=1 to rank drafts by raw confidence instead of the artifact's
-calibration, siblings=0 to keep a tree's later children at their shares of the top-1's acceptance
-(no online `SiblingRate`), small_rows=0 to run the linear layers as stock torch does (not weight-first,
+calibration, small_rows=0 to run the linear layers as stock torch does (not weight-first,
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. Prints a table per workload and, with
 --json, writes every figure with the command line.
@@ -65,10 +64,7 @@ def main() -> None:
         weight_first[spec] = bool(options.pop("small_rows", 1))
         if name == "cost-aware" and not weight_first[spec]:
             parser.error(f"--policy {spec}: small_rows=0 with cost-aware plans on the wrong curve")
-        learn_siblings = bool(options.pop("siblings", 1))
         policy = build_policy(name, acceptance=acceptance, **options)
-        if not learn_siblings:
-            policy.siblings = None
         decoders[spec] = SpeculativeDecoder(target, own.drafter, tokenizer, policy=policy)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     encoded = [tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in prompts]

@@ -36,5 +36,5 @@ accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.
     eval_data.source="$heldout" target_dtype="$dtype" mixed_precision="$precision" "$@"
 draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout" --dtype "$dtype"
 draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" --dtype "$dtype" \
-    --draft-tokens 4 --json "$out/bench.json"
+    --json "$out/bench.json"
 echo "artifact: $out/drafter (calibration report: $out/drafter/calibration/report.md)"

@@ -10,12 +10,7 @@ import torch
 
 from draftsmith.calibration.metrics import ece
 from draftsmith.core.signals import confidence_signals
-from draftsmith.decoding.online import (
-    OnlineAcceptance,
-    SiblingRate,
-    draft_signals,
-    round_outcomes,
-)
+from draftsmith.decoding.online import OnlineAcceptance, draft_signals, round_outcomes
 from draftsmith.heads.base import Draft
 
 
@@ -120,50 +115,6 @@ def test_corrects_a_wrapped_offline_model():
     online = _run(OnlineAcceptance(offline), top1, outcomes)
     offline_conf = offline.predict_signals({"top1_prob": torch.tensor(top1)}).numpy()
     assert _ece(online[300:], outcomes[300:]) < 0.4 * _ece(offline_conf[300:], outcomes[300:])
-
-
-def _fan(values: list[float], factor: float) -> Draft:
-    """Three children of the newest token valued `values` by the tree, the later two made at
-    `factor` as a tree under that `SiblingRate` makes them."""
-    first, *later = values
-    return Draft(
-        tokens=torch.arange(3),
-        parents=torch.tensor([-1, -1, -1]),
-        values=torch.tensor([first, *(v * factor for v in later)]),
-    )
-
-
-def test_sibling_rate_learns_how_often_later_children_are_accepted():
-    # Later children are accepted at half the value the tree gives them (at factor 1).
-    rng = np.random.default_rng(0)
-    rate = SiblingRate()
-    assert rate.factor == 1.0
-    factors = []
-    for _ in range(4000):
-        draft = _fan([0.6, 0.2, 0.1], rate.factor)
-        u = rng.random()
-        path = [0] if u < 0.6 else [1] if u < 0.7 else [2] if u < 0.75 else []
-        rate.observe(draft, path)
-        factors.append(rate.factor)
-    assert np.mean(factors[2000:]) == pytest.approx(0.5, abs=0.06)
-
-
-def test_sibling_rate_counts_only_later_children_the_target_judged():
-    # Root children a (0, first) and b (1); a's children c (2, first) and d (3).
-    draft = Draft(
-        tokens=torch.arange(4),
-        parents=torch.tensor([-1, -1, 0, 0]),
-        values=torch.tensor([0.5, 0.2, 0.25, 0.1]),
-    )
-    rate = SiblingRate(forgetting=1.0)
-    rate.observe(draft, [])  # a rejected: of the later children only b was judged
-    assert (rate.accepted, rate.predicted) == (0.0, pytest.approx(0.2))
-    rate = SiblingRate(forgetting=1.0)
-    rate.observe(draft, [0, 3])  # b judged and rejected, d (0.1 / 0.5 given a) accepted
-    assert (rate.accepted, rate.predicted) == (1.0, pytest.approx(0.2 + 0.2))
-    before = (rate.accepted, rate.predicted)
-    rate.observe(Draft(tokens=torch.arange(3), values=torch.tensor([0.5, 0.3, 0.2])), [0, 1])
-    assert (rate.accepted, rate.predicted) == before  # a chain has no later children
 
 
 def test_bad_arguments():

@@ -613,29 +613,6 @@ def test_calibrated_acceptance_ranks_tree_nodes(llama):
     _decode(llama, policy, max_new=12)
 
 
-def test_later_children_are_valued_at_the_rate_they_are_accepted():
-    tree = TreeShape(top_k=2, depth=2)
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    probs = logits.softmax(-1)[0]
-    # Second children drafted at 0.5 x (q_2 / q_1) given their parent, never accepted.
-    fan = Draft(
-        tokens=torch.arange(2), parents=torch.tensor([-1, -1]), values=torch.tensor([0.5, 0.2])
-    )
-    ratios = {}
-    for recalibrate in (True, False):
-        policy = build_policy(
-            "fixed", tree=tree, acceptance=ConstantCalibrator(0.5), recalibrate=recalibrate
-        )
-        for _ in range(20):
-            policy.observe(RoundOutcome(fan, [0], draft_s=0.1, round_s=0.2))
-        accept = policy.acceptance_fn()(logits, torch.tensor([1]), torch.tensor([0.7]))[0]
-        ratios[recalibrate] = float(accept[1] / accept[0])
-    # Without recalibration a second child keeps its share q_2 / q_1 of the top-1's acceptance;
-    # with it, that share shrinks toward the rate seen (0 here).
-    assert ratios[False] == pytest.approx(float(probs[1] / probs[0]))
-    assert ratios[True] < 0.5 * ratios[False]
-
-
 # -- every policy by name ------------------------------------------------------------------------
 
 

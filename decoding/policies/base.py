@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel
 
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
-from draftsmith.decoding.online import OnlineAcceptance, SiblingRate, round_outcomes
+from draftsmith.decoding.online import OnlineAcceptance, round_outcomes
 from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape, TreeStopFn
 
 StopRule = Callable[[int, dict[str, float], float], bool]
@@ -62,18 +62,13 @@ class DraftPolicy:
     calibrator); None: the raw top-1 probability."""
     recalibrate: bool = True
     """Correct `acceptance` online from every verification (`OnlineAcceptance`, the offline fit
-    as its prior), and a tree's later children by how often they are accepted (`SiblingRate`),
-    so the policy acts on the acceptance of the traffic it sees."""
-    siblings: SiblingRate | None = field(default=None, init=False, repr=False)
-    """The online correction of later children's values (with `recalibrate`; None: none)."""
+    as its prior), so the policy acts on the acceptance of the traffic it sees."""
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:
             raise ValueError(f"max_draft_tokens must be >= 0, got {self.max_draft_tokens}")
-        if self.recalibrate:
-            if not isinstance(self.acceptance, OnlineAcceptance):
-                self.acceptance = OnlineAcceptance(self.acceptance)
-            self.siblings = SiblingRate()
+        if self.recalibrate and not isinstance(self.acceptance, OnlineAcceptance):
+            self.acceptance = OnlineAcceptance(self.acceptance)
 
     @property
     def largest(self) -> TreeShape:
@@ -112,8 +107,6 @@ class DraftPolicy:
             and draft.logits is not None
         ):
             self.acceptance.observe(*round_outcomes(draft, outcome.accepted_path))
-        if self.siblings is not None:
-            self.siblings.observe(draft, outcome.accepted_path)
 
     def observe_round(self, outcomes: Sequence[RoundOutcome]) -> None:
         """Learn from a verified round of one or more rows (one outcome each, in row order),
@@ -132,23 +125,17 @@ class DraftPolicy:
         """How a drafter ranks tree nodes: None (the raw draft probabilities) without a calibrated
         acceptance model. With one, a node's calibrated acceptance is that of its distribution's
         top-1 token, shared among the candidate tokens in proportion to their draft
-        probabilities (so the top-1 token gets it exactly), the others' shares corrected by the
-        online `SiblingRate` (never above the top-1's)."""
+        probabilities (so the top-1 token gets it exactly)."""
         if self.acceptance is None:
             return None
-        sibling_factor = 1.0 if self.siblings is None else self.siblings.factor
 
         def calibrated(logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor):
             signals = confidence_signals(logits)
             signals["position"] = depth.float()
             signals["path_prob"] = path_prob.float()
-            top1 = self.acceptance_prob(signals).float()[:, None]
+            top1 = self.acceptance_prob(signals).float()
             probs = logits.float().softmax(-1)
-            shares = probs * (top1 / signals["top1_prob"].clamp_min(1e-12)[:, None])
-            if sibling_factor == 1.0:
-                return shares
-            is_top1 = probs >= probs.amax(-1, keepdim=True)
-            return torch.where(is_top1, shares, (shares * sibling_factor).minimum(top1))
+            return probs * (top1 / signals["top1_prob"].clamp_min(1e-12))[:, None]
 
         return calibrated
 
