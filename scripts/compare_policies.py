@@ -1,6 +1,7 @@
 """Draft policies (and shapes) for one drafter, side by side in one run: every prompt is decoded
-by plain `generate` and then by each policy, back to back on the same loaded models, so machine
-noise hits them alike; speed is reported as ratios to plain and to the first policy.
+by plain `generate` (on draftsmith's linear layers, `draftsmith.core.small_rows`) and then by each
+policy, back to back on the same loaded models, so machine noise hits them alike; speed is
+reported as ratios to plain and to the first policy.
 
     python scripts/compare_policies.py --target NAME --drafter SPEC --prompts FILE.jsonl \
         [--dtype float32] [--max-new-tokens 128] [--temperature 1 --top-p 0.9] \
@@ -10,7 +11,7 @@ noise hits them alike; speed is reported as ratios to plain and to the first pol
 
 A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
 tree=auto|TOP_KxDEPTHxTOTAL, raw=1 to rank drafts by raw confidence instead of the artifact's
-calibration, small_rows=0 to run the linear layers as stock torch does (not weight-first,
+calibration, small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. Prints a table per workload and, with
 --json, writes every figure with the command line.
@@ -79,7 +80,8 @@ def main() -> None:
         groups = [totals[record["workload"]], totals["overall"]]
         torch.manual_seed(args.seed)
         started = time.perf_counter()
-        with torch.inference_mode():
+        small_rows.ENABLED = True  # plain runs on the decoders' linear layers
+        with torch.inference_mode(), small_rows.small_rows(target):
             plain = target.generate(
                 ids[None],
                 attention_mask=torch.ones_like(ids[None]),

@@ -1,4 +1,5 @@
-"""ms per linear call over a few rows, `F.linear` against weight-first ((W @ x^T)^T), on a ring
+"""ms per linear call over a few rows, `F.linear` against oneDNN on the prepacked weight
+(`draftsmith.core.small_rows`), on a ring
 of distinct weights (about 250 MB, so each is read from memory, as in a forward), fastest of 5.
 
     python scripts/linear_ring_bench.py [THREADS]
@@ -28,14 +29,19 @@ def per_call_ms(weights: list[torch.Tensor], op, rows: int, repeats: int = 5) ->
 def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
-    print("weight (K x N)  " + "  ".join(f"{r:>4} rows linear / w-first" for r in ROWS))
+    print("weight (K x N)  " + "  ".join(f"{r:>4} rows linear / packed" for r in ROWS))
     for k, n in SHAPES:
         weights = [torch.randn(n, k) for _ in range(max(2, int(250e6 / (k * n * 4))))]
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
         cells = []
         for rows in ROWS:
             stock = per_call_ms(weights, F.linear, rows)
-            first = per_call_ms(weights, lambda x, w: torch.mm(w, x.t()).t(), rows)
-            cells.append(f"{stock:8.2f} / {first:6.2f}")
+            ours = per_call_ms(
+                packed,
+                lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""),
+                rows,
+            )
+            cells.append(f"{stock:8.2f} / {ours:6.2f}")
         print(f"{k:5d} x {n:5d}   " + "  ".join(cells), flush=True)
 
 

@@ -1,4 +1,4 @@
-"""Weight-first linear layers for a few rows (`draftsmith.core.small_rows`)."""
+"""Linear layers for a few rows on a prepacked weight (`draftsmith.core.small_rows`)."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from draftsmith.heads import DraftModelDrafter
 
 @pytest.fixture(autouse=True)
 def enabled(monkeypatch):
-    """As where torch's BLAS is MKL (DRAFTSMITH_SMALL_ROWS unset)."""
+    """As on x86 builds of torch (DRAFTSMITH_SMALL_ROWS unset)."""
     monkeypatch.setattr(small_rows_module, "ENABLED", True)
 
 
@@ -26,7 +26,8 @@ def test_small_rows_linear_computes_what_linear_does(rows, bias):
     x = torch.randn(1, rows, 48)
     expected = F.linear(x, layer.weight, layer.bias)
     layer.__class__ = SmallRowsLinear
-    got = layer(x)
+    with torch.no_grad():
+        got = layer(x)
     assert got.shape == expected.shape == (1, rows, 80)
     assert got.is_contiguous()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -45,11 +46,31 @@ def test_small_rows_swaps_float32_linears_within_the_block_only():
     assert type(model[0]) is nn.Linear
 
 
-@pytest.mark.parametrize("rows", [1, MAX_ROWS + 1])
-def test_small_rows_leaves_one_row_and_many_rows_alone(rows):
+def test_small_rows_leaves_many_rows_alone():
     model = nn.Sequential(nn.Linear(8, 8))
-    with small_rows(model, rows):
+    with small_rows(model, MAX_ROWS + 1):
         assert type(model[0]) is nn.Linear
+
+
+def test_a_forward_that_records_gradients_runs_f_linear():
+    layer = nn.Linear(8, 8)
+    layer.__class__ = SmallRowsLinear
+    x = torch.randn(3, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_the_packed_weight_follows_changes_of_the_weight():
+    layer = nn.Linear(16, 24)
+    layer.__class__ = SmallRowsLinear
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        before = layer(x)
+        layer.weight.mul_(2)  # as an optimiser step does: in place
+        after = layer(x)
+        torch.testing.assert_close(after - layer.bias, 2 * (before - layer.bias))
+        layer.weight = nn.Parameter(torch.zeros(24, 16))  # as loading new weights does
+        torch.testing.assert_close(layer(x), layer.bias.expand(4, 24))
 
 
 def test_small_rows_turned_off_changes_nothing(monkeypatch):

@@ -1,11 +1,16 @@
-"""Linear layers over a few rows on the CPU, computed with the weight as the streamed operand.
+"""Linear layers over a few rows on the CPU, computed by oneDNN on a prepacked weight.
 
-A verification forward runs 2 to 64 new tokens through every linear layer. In float32 on the CPU
+Decoding runs 1 to 64 new positions through every linear layer. In float32 on the CPU,
 `F.linear(x, W)` asks MKL's sgemm for x @ W^T, which for a few rows of x costs about one more
-pass over the weight than the work needs (by all appearances a packing copy of the second
-operand): a forward over two tokens costs 1.6-2x one over a single token (a gemv), though both
-read each weight once. Asked for (W @ x^T)^T instead, sgemm streams the weight: 2 to 6 tokens cost
-about what one does. Measured in `benchmarks/README.md`.
+pass over the weight than the work needs (by all appearances a packing copy of it): a forward
+over two tokens costs 1.6-2x one over a single token, though both read each weight once, and
+MKL's small-row kernels reach a fraction of the machine's flops from 5 rows on. oneDNN's inner
+product on a weight reordered once into its blocked layout streams the weight at memory speed
+for one row and keeps 2 to 16 rows near that price. Measured in `benchmarks/README.md`.
+
+The packed weight is a second copy of each swapped layer's weight, made on first use and kept
+while the layer lives (repacked when the weight changes); DRAFTSMITH_SMALL_ROWS=0 turns the
+whole mechanism off.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, ref
 
 import torch
 import torch.nn.functional as F
@@ -21,26 +26,50 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 MAX_ROWS = 64
-"""Most rows computed weight-first; above, F.linear (a prefill or a training batch) is as fast."""
+"""Most rows computed on the packed weight; above, F.linear (a prefill or a training batch) is
+as fast."""
 
-ENABLED = os.environ.get("DRAFTSMITH_SMALL_ROWS", "1") != "0" and torch.backends.mkl.is_available()
-"""Where torch's BLAS is MKL, the measured one; DRAFTSMITH_SMALL_ROWS=0 turns it off."""
+ENABLED = (
+    os.environ.get("DRAFTSMITH_SMALL_ROWS", "1") != "0"
+    and torch.backends.mkl.is_available()
+    and torch.backends.mkldnn.is_available()
+)
+"""On x86 builds of torch (MKL and oneDNN), the measured case; DRAFTSMITH_SMALL_ROWS=0 turns it
+off."""
+
+_PACKED: WeakKeyDictionary[nn.Module, tuple[ref, int, torch.Tensor]] = WeakKeyDictionary()
+"""Each swapped layer's packed weight, with the weight tensor and the version of it that it was
+packed from (a new Parameter or an in-place update, e.g. an optimiser step, repacks)."""
+
+
+def packed_weight(layer: nn.Linear) -> torch.Tensor:
+    """layer's weight in oneDNN's blocked layout, packed once per change of the weight."""
+    weight = layer.weight
+    cached = _PACKED.get(layer)
+    if cached is None or cached[0]() is not weight or cached[1] != weight._version:
+        cached = (
+            ref(weight),
+            weight._version,
+            torch.ops.mkldnn._reorder_linear_weight(weight.detach()),
+        )
+        _PACKED[layer] = cached
+    return cached[2]
 
 
 class SmallRowsLinear(nn.Linear):
-    """`nn.Linear` computing 2..MAX_ROWS rows as (W @ x^T)^T; other row counts run F.linear."""
+    """`nn.Linear` computing 1..MAX_ROWS rows without autograd on the packed weight; anything
+    else (more rows, or a forward that records gradients) runs F.linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if not 2 <= rows <= MAX_ROWS:
+        if not 1 <= rows <= MAX_ROWS or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        out = torch.mm(self.weight, x.reshape(rows, self.in_features).t()).t().contiguous()
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(
+            x.contiguous(), packed_weight(self), self.bias, "none", [], ""
+        )
 
 
-def _weight_first_pays(weight: torch.Tensor) -> bool:
+def _packing_pays(weight: torch.Tensor) -> bool:
     """Plain float32 CPU weights: the measured case (a sharded weight computes its own way;
     bf16 and accelerators do not go through sgemm)."""
     return (
@@ -56,12 +85,14 @@ than a one-token forward can spare."""
 
 
 @contextmanager
-def small_rows(model: nn.Module, rows: int) -> Iterator[None]:
-    """Within the block, a forward of model over `rows` positions in all (batch x tokens): when
-    they are 2..MAX_ROWS (and `ENABLED`), model's float32 CPU `nn.Linear` layers compute weight-first
-    (`SmallRowsLinear`, the same parameters), and are plain `nn.Linear` again after it, even on
-    an error; other row counts change nothing. Nested blocks leave the layers to the outermost."""
-    if not (ENABLED and 2 <= rows <= MAX_ROWS):
+def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
+    """Within the block, model's float32 CPU `nn.Linear` layers are `SmallRowsLinear` (the same
+    parameters), and plain `nn.Linear` again after it, even on an error. rows: the positions
+    (batch x tokens) of the one forward the block runs, to skip the swap where it would change
+    nothing; None for a block of many forwards (Hugging Face's `generate`), each dispatched by
+    its own rows. Nested blocks leave the layers to the outermost; with `ENABLED` false the
+    block changes nothing."""
+    if not ENABLED or (rows is not None and not 1 <= rows <= MAX_ROWS):
         yield
         return
     if model not in _LINEARS:
@@ -69,7 +100,7 @@ def small_rows(model: nn.Module, rows: int) -> Iterator[None]:
     swapped = [
         m
         for m in _LINEARS[model]
-        if type(m) is nn.Linear and _weight_first_pays(m._parameters["weight"])
+        if type(m) is nn.Linear and _packing_pays(m._parameters["weight"])
     ]
     # object.__setattr__: nn.Module's own __setattr__ costs microseconds per layer.
     for module in swapped:
