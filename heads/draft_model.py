@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+from draftsmith.core import small_rows as kernels
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.small_rows import small_rows
@@ -27,9 +28,10 @@ class DraftModelDrafter(Drafter):
     prefix is never recomputed.
 
     In a batch its rows draft their chains together (`BatchedDraftModel`) where `batch_drafting`
-    says so; None (the default) does on an accelerator and not on a CPU, where a one-row forward
-    takes a matrix-vector path that several rows' forward loses (`benchmarks/README.md`): rows
-    then draft alone, each in its own forwards.
+    says so; None (the default) does on an accelerator, and on a CPU where the linear layers run
+    on packed weights (`draftsmith.core.small_rows`), which keep several rows near one row's
+    price; with stock kernels a one-row forward takes a matrix-vector path that several rows'
+    forward loses (`benchmarks/README.md`), so rows draft alone, each in its own forwards.
     """
 
     def __init__(self, model: PreTrainedModel, batch_drafting: bool | None = None) -> None:
@@ -52,7 +54,7 @@ class DraftModelDrafter(Drafter):
     def chain_batch(self, rows: int) -> RowDrafters | None:
         together = self.batch_drafting
         if together is None:
-            together = self.model.device.type != "cpu"
+            together = self.model.device.type != "cpu" or kernels.ENABLED
         # The rows' caches differ in length, which needs a custom attention mask.
         if not together or self.model.config._attn_implementation not in TREE_ATTENTION:
             return None

@@ -20,6 +20,7 @@ from head_helpers import build_head
 from test_sampling_distribution import _sequence_distribution, _sequence_fits
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.core import small_rows
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.decoding import RoutingDrafter, ThresholdPolicy
@@ -202,7 +203,9 @@ def test_a_draft_model_drafts_every_rows_chain_in_one_forward_per_step(llama):
     assert batched <= 4 * max(r.stats.target_forwards for r in batch) < counter.calls
 
 
-def test_draft_trees_a_lone_prompt_and_a_cpu_by_default_draft_row_by_row(llama):
+def test_draft_trees_a_lone_prompt_and_a_cpu_with_stock_kernels_draft_row_by_row(
+    llama, monkeypatch
+):
     draft = perturbed_copy(llama, scale=0.05)
     trees = SpeculativeDecoder(llama, DraftModelDrafter(draft, batch_drafting=True), policy=TREE)
     assert type(trees._row_drafters(2)) is RowDrafters
@@ -210,6 +213,9 @@ def test_draft_trees_a_lone_prompt_and_a_cpu_by_default_draft_row_by_row(llama):
     assert isinstance(chains._row_drafters(2), BatchedDraftModel)
     assert type(chains._row_drafters(1)) is RowDrafters
     on_cpu = SpeculativeDecoder(llama, DraftModelDrafter(draft), policy=CHAIN)
+    monkeypatch.setattr(small_rows, "ENABLED", True)  # packed weights keep a few rows cheap
+    assert isinstance(on_cpu._row_drafters(2), BatchedDraftModel)
+    monkeypatch.setattr(small_rows, "ENABLED", False)
     assert type(on_cpu._row_drafters(2)) is RowDrafters
 
 
