@@ -5,8 +5,8 @@ Decoding runs 1 to 64 new positions through every linear layer. In float32 on th
 pass over the weight than the work needs (by all appearances a packing copy of it): a forward
 over two tokens costs 1.6-2x one over a single token, though both read each weight once, and
 MKL's small-row kernels reach a fraction of the machine's flops from 5 rows on. oneDNN's inner
-product on a weight reordered once into its blocked layout streams the weight at memory speed
-for one row and keeps 2 to 16 rows near that price. Measured in `benchmarks/README.md`.
+product on a weight reordered once into its blocked layout is faster at one row and costs 1.1x
+to 1.9x that for 2 to 12 rows (MKL: up to 3.1x). Measured in `benchmarks/README.md`.
 
 The packed weight is a second copy of each swapped layer's weight, made on first use and kept
 while the layer lives (repacked when the weight changes); DRAFTSMITH_SMALL_ROWS=0 turns the
