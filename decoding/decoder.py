@@ -12,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from draftsmith.core.parallel import shards_agree
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.small_rows import prepack
 from draftsmith.core.tree import chain_parents
 from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RoundOutcome
 from draftsmith.decoding.verify import LosslessVerifier, Verifier
@@ -130,6 +131,7 @@ class SpeculativeDecoder:
             )
         self.eos_token_ids = eos_token_ids(target)
         self._forks: list[Drafter] = []
+        prepack(target)  # not in the first round, which the policy times
 
     def generate(
         self,

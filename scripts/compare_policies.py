@@ -7,14 +7,16 @@ reported as ratios to plain and to the first policy.
         [--dtype float32] [--max-new-tokens 128] [--temperature 1 --top-p 0.9] \
         --policy fixed:max_draft_tokens=4 --policy cost-aware \
         --policy cost-aware:tree=auto --policy fixed:tree=8x6x48 --policy cost-aware:raw=1 \
-        [--json OUT.json]
+        [--repeats 3] [--json OUT.json]
 
 A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
 tree=auto|TOP_KxDEPTHxTOTAL, raw=1 to rank drafts by raw confidence instead of the artifact's
 calibration, small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
-(the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. Prints a table per workload and, with
---json, writes every figure with the command line.
+(the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. With --repeats N
+every prompt is decoded N times by every method, the methods' order rotating each time, and each
+method's fastest run counts (other work on a shared machine only ever adds time). Prints a table
+per workload and, with --json, writes every figure with the command line.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policy", action="append", required=True, help="NAME[:KEY=VALUE,...]")
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -76,34 +79,27 @@ def main() -> None:
     # totals[workload][method]: every workload, and "overall".
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     per_prompt = []  # seconds of each method on each prompt, to tell one slow prompt from many
+    methods = ["plain", *decoders]
     for record, ids in zip(prompts, encoded, strict=True):
         groups = [totals[record["workload"]], totals["overall"]]
-        torch.manual_seed(args.seed)
-        started = time.perf_counter()
-        small_rows.ENABLED = True  # plain runs on the decoders' linear layers
-        with torch.inference_mode(), small_rows.small_rows(target):
-            plain = target.generate(
-                ids[None],
-                attention_mask=torch.ones_like(ids[None]),
-                do_sample=args.temperature > 0,
-                temperature=args.temperature or None,
-                top_p=args.top_p,
-                top_k=None,
-                max_new_tokens=args.max_new_tokens,
-                pad_token_id=tokenizer.eos_token_id,
-            )[0, ids.numel() :].tolist()
-        seconds = {"plain": time.perf_counter() - started}
+        seconds, outputs = {}, {}
+        for repeat in range(args.repeats):
+            shift = repeat % len(methods)
+            for name in methods[shift:] + methods[:shift]:
+                torch.manual_seed(args.seed)
+                started = time.perf_counter()
+                outputs[name] = _decode(name, decoders, weight_first, target, tokenizer, ids, args)
+                wall = time.perf_counter() - started
+                seconds[name] = min(wall, seconds.get(name, wall))
+        plain = outputs["plain"]
         for group in groups:
             group["plain"]["wall_s"] += seconds["plain"]
             group["plain"]["tokens"] += len(plain)
-        for name, decoder in decoders.items():
-            small_rows.ENABLED = weight_first[name]
-            started = time.perf_counter()
-            out = decoder.generate(ids, max_new_tokens=args.max_new_tokens, **sampling)
-            wall = seconds[name] = time.perf_counter() - started
+        for name in decoders:
+            out = outputs[name]
             for group in groups:
                 row = group[name]
-                row["wall_s"] += wall
+                row["wall_s"] += seconds[name]
                 row["tokens"] += len(out.tokens)
                 row["forwards"] += out.stats.target_forwards
                 row["drafted"] += out.stats.drafted
@@ -115,6 +111,7 @@ def main() -> None:
 
     report = {
         "command": " ".join(["python", *sys.argv]),
+        "repeats": args.repeats,
         "greedy": args.temperature == 0,
         "torch_threads": torch.get_num_threads(),
         "workloads": {name: _summary(group, list(decoders)) for name, group in totals.items()},
@@ -136,6 +133,32 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as out:
             out.write(json.dumps(report, indent=2) + "\n")
+
+
+def _decode(name: str, decoders: dict, weight_first: dict, target, tokenizer, ids, args):
+    """One prompt decoded by `name`: plain `generate` on draftsmith's linear layers (its new
+    token ids) or a policy's decoder (its result)."""
+    if name != "plain":
+        small_rows.ENABLED = weight_first[name]
+        return decoders[name].generate(
+            ids,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
+    small_rows.ENABLED = True  # plain runs on the decoders' linear layers
+    with torch.inference_mode(), small_rows.small_rows(target):
+        return target.generate(
+            ids[None],
+            attention_mask=torch.ones_like(ids[None]),
+            do_sample=args.temperature > 0,
+            temperature=args.temperature or None,
+            top_p=args.top_p,
+            top_k=None,
+            max_new_tokens=args.max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )[0, ids.numel() :].tolist()
 
 
 def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:

@@ -266,28 +266,37 @@ def _round(committed: int, round_s: float, drafted: int = 4) -> RoundOutcome:
     return RoundOutcome(draft, list(range(committed - 1)), draft_s=0.1, round_s=round_s)
 
 
+def _plain_step_timed(policy: CostAwarePolicy, round_s: float = 1.0, rows: int = 1) -> None:
+    """A plain round, as the policy asks for one to time the one-token cost."""
+    assert policy.shape(rows=rows).max_tokens == 0
+    policy.observe_round(_batch_round([1] * rows, [0] * rows, draft_s=0.0, round_s=round_s))
+
+
 def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
     # A budget that any probe's loss fits: the doubling alone sets the plain stretches.
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), patience=0.1, first_backoff=2, probe_budget=1.0
+        cost=_curve([1.0] * 10), patience=0.15, first_backoff=2, probe_budget=1.0
     )
     # 0.1 s of drafting, then a verification that costs what a plain step does: 0.1 s lost, and
-    # the second such round has lost more than a tenth of a plain step.
-    losing = _round(committed=1, round_s=1.5)
-    for _ in range(2):
-        assert policy.shape().max_tokens > 0
-        policy.observe(losing)
-    plain = [policy.shape().max_tokens for _ in range(1)]
-    assert plain == [0] and not policy.speculating
-    for _ in range(2):  # the plain stretch, measured at 1 s a round
+    # the second such round has lost more than 0.15 of a plain step.
+    losing = _round(committed=1, round_s=1.1)
+    plain_step = RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0)
+    assert policy.shape().max_tokens > 0
+    policy.observe(losing)
+    _plain_step_timed(policy)
+    assert policy.shape().max_tokens > 0
+    policy.observe(losing)
+    assert policy.shape().max_tokens == 0 and not policy.speculating
+    policy.observe(plain_step)
+    for _ in range(1):  # the rest of the plain stretch
         assert policy.shape().max_tokens == 0
-        policy.observe(_round(committed=1, round_s=1.0, drafted=0))
+        policy.observe(plain_step)
     assert policy.speculating  # the probe
     for _ in range(2):
         policy.observe(losing)
     for _ in range(4):  # the probe lost: twice as long a stretch
         assert policy.shape().max_tokens == 0
-        policy.observe(_round(committed=1, round_s=1.0, drafted=0))
+        policy.observe(plain_step)
     for _ in range(2):  # the probe wins: speculation resumes for good
         policy.observe(_round(committed=4, round_s=1.5))
     for _ in range(5):
@@ -375,6 +384,55 @@ def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
     assert not policy.speculating
 
 
+def test_the_one_token_cost_is_timed_apart_from_the_wider_rounds():
+    """On a flat curve, rounds verifying 5 tokens take 1.5 s and one-token rounds 1.1 s: the
+    policy asks for a plain step to time the one-token cost once wider rounds set the scale, and
+    then prices one token at 1.1 s and more at 1.5 s, not both at the wider rounds' scale."""
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10))
+    assert policy.shape().max_tokens > 0
+    policy.observe(_round(committed=2, round_s=1.6))
+    _plain_step_timed(policy, round_s=1.1)
+    assert policy.round_verify_s(1) == pytest.approx(1.1)
+    assert policy.round_verify_s(2) == pytest.approx(1.5)
+    assert policy.shape().max_tokens > 0
+
+
+def test_one_slow_round_does_not_move_the_scale():
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), timed_rounds=3)
+    for round_s in (1.1, 1.1, 10.1):  # the last: a hiccup of a busy machine
+        policy.observe(_round(committed=5, round_s=round_s))
+    assert policy.round_verify_s(3) == pytest.approx(1.0)
+
+
+def test_both_costs_are_timed_again_after_refresh_rounds():
+    """Drafts that always pay leave the one-token cost untimed: after 4 rounds without a one-token
+    round, the next is a plain step. Drafts that never pay (acceptance 0.01, a second token
+    costing half a forward more) leave the wider cost untimed: the 5th round keeps a token."""
+    policy = CostAwarePolicy(
+        cost=_curve([1.0] + [1.5] * 9),
+        refresh_rounds=4,
+        acceptance=ConstantCalibrator(0.01),
+        recalibrate=False,
+    )
+    wide = _round(committed=5, round_s=1.6)
+    plain_step = RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0)
+    policy.observe(wide)
+    _plain_step_timed(policy)
+    plain = []
+    for _ in range(9):
+        plain.append(policy.shape().max_tokens == 0)
+        policy.observe(plain_step if plain[-1] else wide)
+    assert plain == [False] * 4 + [True] + [False] * 4
+    kept = []
+    for _ in range(10):
+        policy.shape()
+        policy.stop_fn()(0, torch.zeros(16))
+        draft = policy.trim(Draft(tokens=torch.arange(1)))
+        kept.append(len(draft))
+        policy.observe(RoundOutcome(draft, [], draft_s=0.1, round_s=1.1))
+    assert kept == [0, 0, 0, 0, 1] * 2
+
+
 # -- cost-aware at a batch -------------------------------------------------------------------------
 
 # Verification flat up to 4 tokens, then each token costs a quarter of a one-token forward.
@@ -430,6 +488,7 @@ def _fit_drafting(policy: CostAwarePolicy, step_s: float) -> None:
         drafted = policy.trim(Draft(tokens=torch.arange(steps)))
         seconds = steps * step_s
         policy.observe(RoundOutcome(drafted, list(range(steps)), seconds, seconds + 1.0))
+    _plain_step_timed(policy)
 
 
 @pytest.mark.parametrize(("step_s", "grows"), [(0.5, True), (2.0, False)])
@@ -482,14 +541,20 @@ def test_a_trees_drafting_is_fitted_on_the_depths_it_grew(monkeypatch):
         tree=TreeShape(top_k=3, depth=4, total_tokens=24), cost=_curve([1.0] * 25), patience=1e9
     )
     probs = torch.tensor([0.6, 0.3, 0.1]).log()
-    for _ in range(3):  # the first round is the drafter's catching up
+    # The first round is the drafter's catching up, the second a plain step timing one token,
+    # the third the drafter's catching up again.
+    for _ in range(4):
+        shape = policy.shape()
+        if shape.max_tokens == 0:
+            policy.observe(RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0))
+            continue
         expanded = []
 
         def expand(nodes, expanded=expanded):
             expanded.append(nodes)
             return probs.expand(len(nodes), -1)
 
-        tree = DynamicTree(policy.shape(), raw_acceptance, policy.tree_stop_fn())
+        tree = DynamicTree(shape, raw_acceptance, policy.tree_stop_fn())
         draft = policy.trim(tree.grow(probs, expand))
         depths = 1 + len(expanded)
         assert len(tree.values) > depths
@@ -528,7 +593,9 @@ def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
     that each commit one token a row for 1.5 s (0.5 s of drafting) lose 0.5 s each: 1.0 s, 5%
     of 20 plain rounds. Judged row by row (four outcomes a round) they would lose 4 times that."""
     policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05)
-    for _ in range(2):
+    for probe_round in range(2):
+        if probe_round:
+            _plain_step_timed(policy, rows=4)
         assert policy.shape(rows=4).max_tokens > 0
         policy.observe_round(_batch_round([1] * 4, [4] * 4, draft_s=0.5, round_s=1.5))
     stretch = 0

@@ -108,3 +108,20 @@ def test_the_decoder_verifies_and_drafts_weight_first(monkeypatch):
         target, prompt, 12
     )
     assert any(shape[-2] > 1 for shape in calls)  # multi-token blocks ran weight-first
+
+
+def test_a_decoder_packs_its_targets_weights_before_its_first_round(monkeypatch):
+    packed = []
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(
+        small_rows_module.torch.ops.mkldnn,
+        "_reorder_linear_weight",
+        lambda weight: packed.append(weight.shape) or reorder(weight),
+    )
+    target = tiny_model()
+    linears = [m for m in target.modules() if type(m) is nn.Linear]
+    SpeculativeDecoder(target, DraftModelDrafter(perturbed_copy(target, scale=0.05)))
+    assert len(packed) == len(linears)
+    with torch.no_grad(), small_rows(target, rows=2):
+        target(torch.tensor([[1, 2]]))
+    assert len(packed) == len(linears)  # the forward found every weight packed

@@ -7,6 +7,8 @@ import itertools
 import logging
 import math
 import operator
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -31,6 +33,28 @@ class _MovingAverage:
 
     def add(self, x: float) -> None:
         self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
+
+
+@dataclass
+class _RecentMedian:
+    """Median of the last `size` values; None before the first. One slow round (a busy machine's
+    hiccup, the first forward packing the weights) does not move it, so a cost it would overstate
+    cannot stop the drafting that measures that cost again."""
+
+    size: int
+    _values: deque[float] = field(default_factory=deque)
+
+    def add(self, x: float) -> None:
+        self._values.append(x)
+        if len(self._values) > self.size:
+            self._values.popleft()
+
+    def clear(self) -> None:
+        self._values.clear()
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self._values) if self._values else None
 
 
 @dataclass
@@ -111,6 +135,17 @@ class CostAwarePolicy(DraftPolicy):
     So a device whose batched forward costs about what a one-row forward does keeps drafting at
     batch B, and one whose cost grows with the tokens verified stops drafting as B grows.
 
+    The one-token cost is measured apart: a round that verifies one token (a plain step, or a
+    draft cut to nothing) costs the decoder what its plain decoding would, which need not be what
+    the curve, scaled on the rounds that verified more, says (the curve's one- and two-token
+    forwards may differ by more or less than it was timed at, and a speculative round does more
+    besides its forward). So the curve's scale is fitted on the rounds that verified two tokens or
+    more, and a one-token round sets the one-token cost's own factor over that scale, each the
+    median of the last `timed_rounds`. When no round of the last `refresh_rounds` verified one
+    token, the next is a plain step to measure it (at most one round in `refresh_rounds` without
+    speculation's gain, nothing against plain decoding's speed); when none verified more, the
+    next keeps one drafted token to measure that.
+
     Falling back: each speculative round's seconds (its drafting plus the scaled curve's cost of
     the tokens it verified) are set against what plain decoding would have taken for the tokens
     it committed (one scaled one-token cost each), and the policy falls back once speculation
@@ -140,7 +175,7 @@ class CostAwarePolicy(DraftPolicy):
     name = "cost-aware"
     cost: CostCurve | None = None
     """The target's verification cost (`draftsmith profile`); None: measured at first use."""
-    patience: float = 8.0
+    patience: float = 2.0
     """Plain decoding steps' worth of seconds that speculation may lose, net, before the policy
     falls back to plain decoding."""
     first_backoff: int = 4
@@ -150,11 +185,25 @@ class CostAwarePolicy(DraftPolicy):
     probe_budget: float = 0.02
     """Most share of plain decoding's time that losing probes may cost."""
     smoothing: float = 0.3
-    """Weight of the newest round in the moving averages of the drafting cost and the curve's
-    scale."""
+    """Weight of the newest round in the moving averages of the drafting cost."""
+    timed_rounds: int = 9
+    """Rounds whose median sets the curve's scale (and the one-token factor's)."""
+    refresh_rounds: int = 64
+    """Most rounds between two that verify one token (the next is a plain step when none did),
+    and between two that verify more (the next keeps a drafted token when none did), so both
+    costs stay measured."""
     _draft_cost: _DraftCost = field(init=False, repr=False)
-    _scale: _MovingAverage = field(init=False, repr=False)
-    """Seconds of verification now per second of the profiled curve."""
+    _scale: _RecentMedian = field(init=False, repr=False)
+    """Seconds of verification now per second of the profiled curve, on the rounds that verified
+    two tokens or more (on one-token rounds until one did)."""
+    _one_token: _RecentMedian = field(init=False, repr=False)
+    """A one-token round's seconds of verification per second of the scaled curve's."""
+    _since_one_token: int = field(default=0, init=False, repr=False)
+    """Rounds since the last that verified one token."""
+    _since_wider: int = field(default=0, init=False, repr=False)
+    """Rounds since the last that verified more than one token."""
+    _wider_timed: bool = field(default=False, init=False, repr=False)
+    """A round that verified more than one token has been timed (the scale is its kind's)."""
     _budget: int | None = field(default=None, init=False, repr=False)
     _round_acceptance: list[list[float]] = field(default_factory=list, init=False, repr=False)
     """Per row of this round, in row order, the acceptance of each token its chain drafted."""
@@ -191,10 +240,15 @@ class CostAwarePolicy(DraftPolicy):
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         if not 0.0 < self.probe_budget <= 1.0:
             raise ValueError(f"probe_budget must be in (0, 1], got {self.probe_budget}")
+        if self.timed_rounds < 1:
+            raise ValueError(f"timed_rounds must be >= 1, got {self.timed_rounds}")
+        if self.refresh_rounds < 1:
+            raise ValueError(f"refresh_rounds must be >= 1, got {self.refresh_rounds}")
         # Machine costs, and whether and how long speculation has been losing, carry over
         # between requests.
         self._draft_cost = _DraftCost(self.smoothing)
-        self._scale = _MovingAverage(self.smoothing)
+        self._scale = _RecentMedian(self.timed_rounds)
+        self._one_token = _RecentMedian(self.timed_rounds)
         self._backoff = self.first_backoff
         self.start()
 
@@ -214,7 +268,7 @@ class CostAwarePolicy(DraftPolicy):
     def shape(self, rows: int = 1) -> TreeShape:
         self._rows, self._drafted, self._drafted_steps = rows, 0, 0
         self._round_acceptance, self._round_depths = [], []
-        if self._plain_left > 0:
+        if self._plain_left > 0 or self._one_token_unmeasured():
             return PLAIN
         shape = self.largest
         if not self._a_chain_can_pay():
@@ -224,6 +278,16 @@ class CostAwarePolicy(DraftPolicy):
         # The depth is the stop rule's to choose; the width follows what the last rounds kept.
         top_k = min(shape.top_k, self._budget)
         return TreeShape(top_k=top_k, depth=shape.depth, total_tokens=shape.total_tokens)
+
+    def _one_token_unmeasured(self) -> bool:
+        """Whether this round must be a plain step to measure the one-token cost: speculative
+        rounds have set the curve's scale, and none of the last `refresh_rounds` rounds (or none
+        at all) verified one token."""
+        return (
+            self.cost is not None
+            and self._wider_timed
+            and (self._one_token.value is None or self._since_one_token >= self.refresh_rounds)
+        )
 
     def _a_chain_can_pay(self) -> bool:
         """Whether a chain the target accepts whole would beat a plain step at today's costs
@@ -339,8 +403,17 @@ class CostAwarePolicy(DraftPolicy):
             return draft
         paths = list(itertools.accumulate(accepted, operator.mul))
         if draft.probs is not None:
-            return draft.subtree(range(self._while_each_pays(paths, range(1, len(paths) + 1))))
-        return draft.subtree(range(self._best(paths, self._drafting_s(len(paths)))[0]))
+            size = self._while_each_pays(paths, range(1, len(paths) + 1))
+        else:
+            size = self._best(paths, self._drafting_s(len(paths)))[0]
+        return draft.subtree(range(self._measuring(size)))
+
+    def _measuring(self, size: int) -> int:
+        """size, or one node where a draft cut to nothing would leave the cost of verifying more
+        than one token unmeasured for `refresh_rounds` rounds (a scale it overstates would
+        otherwise cut every draft and never be timed again). Which node is kept does not depend
+        on its token, so sampling stays exact."""
+        return max(size, 1) if self._since_wider >= self.refresh_rounds else size
 
     def _trim_tree(self, draft: Draft, depths: int) -> Draft:
         if draft.values is None:
@@ -353,13 +426,15 @@ class CostAwarePolicy(DraftPolicy):
                 key=lambda n: (int(draft.depths[n]), -float(draft.values[n]), n),
             )
             values = [float(draft.values[n]) for n in order]
-            size = self._while_each_pays(values, [int(draft.depths[n]) for n in order])
+            size = self._measuring(
+                self._while_each_pays(values, [int(draft.depths[n]) for n in order])
+            )
             kept = draft.subtree(sorted(order[:size]))
         else:
             # A node's value is its path's probability of acceptance, so the n most valuable
             # nodes (parents are worth at least their children) are expected to give their sum.
             values = draft.values.sort(descending=True).values.tolist()
-            size, _ = self._best(values, self._drafting_s(depths))
+            size = self._measuring(self._best(values, self._drafting_s(depths))[0])
             kept = draft.pruned(size)
         widest = int(kept.depths.bincount().max()) if size else 1
         self._budget = min(2 * widest, self.largest.top_k)
@@ -418,7 +493,7 @@ class CostAwarePolicy(DraftPolicy):
         # One forward verified every row's block, padded to the widest.
         width = max(len(outcome.draft) for outcome in outcomes) + 1
         draft_s, round_s = outcomes[0].draft_s, outcomes[0].round_s
-        self._scale.add(max(round_s - draft_s, 1e-9) / self._curve(rows, width))
+        self._time_verification(max(round_s - draft_s, 1e-9), width)
         if self._plain_left > 0:
             self._plain_left -= 1
             self._drafted_before = False
@@ -447,11 +522,34 @@ class CostAwarePolicy(DraftPolicy):
         self._backoff = min(2 * self._backoff, self.max_backoff)
         self._reset_speculation()
 
+    def _time_verification(self, seconds: float, width: int) -> None:
+        """Learn from a round whose verification (all but its drafting) took `seconds` for
+        `width` tokens a row: the curve's scale from two tokens or more, the one-token factor
+        over it from one (the scale too, until a wider round has set it)."""
+        self._since_one_token += 1
+        self._since_wider += 1
+        curve_s = self._curve(self._rows, width)
+        if width == 1:
+            if self._wider_timed:
+                self._one_token.add(seconds / (curve_s * self._scale.value))
+            else:
+                self._scale.add(seconds / curve_s)
+            self._since_one_token = 0
+            return
+        if not self._wider_timed:  # the scale held one-token rounds: a wider one replaces them
+            self._scale.clear()
+            self._wider_timed = True
+        self._scale.add(seconds / curve_s)
+        self._since_wider = 0
+
     def round_verify_s(self, n: int, rows: int | None = None) -> float:
         """Seconds of one target forward verifying n tokens in each of `rows` rows (default this
         round's): the profiled curve's shape, scaled to the rounds timed now (the machine may be
-        busier, or run other threads, than when it was profiled)."""
+        busier, or run other threads, than when it was profiled), and one token's by its own
+        measured factor."""
         scale = 1.0 if self._scale.value is None else self._scale.value
+        if n == 1 and self._one_token.value is not None:
+            scale *= self._one_token.value
         return self._curve(self._rows if rows is None else rows, n) * scale
 
     def row_verify_s(self, n: int) -> float:

@@ -95,13 +95,7 @@ def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
     if not ENABLED or (rows is not None and not 1 <= rows <= MAX_ROWS):
         yield
         return
-    if model not in _LINEARS:
-        _LINEARS[model] = [m for m in model.modules() if type(m) is nn.Linear]
-    swapped = [
-        m
-        for m in _LINEARS[model]
-        if type(m) is nn.Linear and _packing_pays(m._parameters["weight"])
-    ]
+    swapped = [m for m in _linears(model) if type(m) is nn.Linear]
     # object.__setattr__: nn.Module's own __setattr__ costs microseconds per layer.
     for module in swapped:
         object.__setattr__(module, "__class__", SmallRowsLinear)
@@ -110,3 +104,19 @@ def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
     finally:
         for module in swapped:
             object.__setattr__(module, "__class__", nn.Linear)
+
+
+def prepack(model: nn.Module) -> None:
+    """Pack the weights `small_rows` would swap in model now: its first forward on them would
+    otherwise pay for the packing (seconds for a billion weights) and a decoder would time it as
+    verification. Nothing with `ENABLED` false."""
+    if ENABLED:
+        for layer in _linears(model):
+            packed_weight(layer)
+
+
+def _linears(model: nn.Module) -> list[nn.Module]:
+    """model's `nn.Linear` layers whose weights packing pays for (found once)."""
+    if model not in _LINEARS:
+        _LINEARS[model] = [m for m in model.modules() if type(m) is nn.Linear]
+    return [m for m in _LINEARS[model] if _packing_pays(m._parameters["weight"])]
