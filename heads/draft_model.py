@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 from draftsmith.core import small_rows as kernels
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.ragged import RaggedTarget
-from draftsmith.core.small_rows import small_rows
+from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.target import TREE_ATTENTION
 from draftsmith.core.tree import additive_mask, chain_parents
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, register_drafter
@@ -36,6 +36,7 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model: PreTrainedModel, batch_drafting: bool | None = None) -> None:
         self.model = model.eval()
+        prepack(self.model)  # not in the first round, which a policy times
         self.batch_drafting = batch_drafting
         self.vocab_size = model.config.get_text_config().vocab_size
         self._cache_argument = cache_argument(model)

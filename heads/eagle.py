@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
-from draftsmith.core.small_rows import small_rows
+from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, StatesHook, register_drafter
 from draftsmith.heads.blocks import (
@@ -219,6 +219,7 @@ class FeatureDrafter(Drafter):
 
     def __init__(self, head: FeatureRecurrentHead, vocab_size: int) -> None:
         self.head = head.eval()
+        prepack(self.head)  # not in the first round, which a policy times
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self.state_size = head.hidden_size

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.core.sampling import SamplingParams
-from draftsmith.core.small_rows import small_rows
+from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
 from draftsmith.heads.blocks import (
@@ -136,6 +136,7 @@ class MTPDrafter(Drafter):
 
     def __init__(self, head: MTPHead, vocab_size: int) -> None:
         self.head = head.eval()
+        prepack(self.head)  # not in the first round, which a policy times
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self._d2t = head.draft_to_target()

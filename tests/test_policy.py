@@ -281,11 +281,9 @@ def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
     # the second such round has lost more than 0.15 of a plain step.
     losing = _round(committed=1, round_s=1.1)
     plain_step = RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0)
-    assert policy.shape().max_tokens > 0
-    policy.observe(losing)
-    _plain_step_timed(policy)
-    assert policy.shape().max_tokens > 0
-    policy.observe(losing)
+    for _ in range(2):
+        assert policy.shape().max_tokens > 0
+        policy.observe(losing)
     assert policy.shape().max_tokens == 0 and not policy.speculating
     policy.observe(plain_step)
     for _ in range(1):  # the rest of the plain stretch
@@ -385,12 +383,13 @@ def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
 
 
 def test_the_one_token_cost_is_timed_apart_from_the_wider_rounds():
-    """On a flat curve, rounds verifying 5 tokens take 1.5 s and one-token rounds 1.1 s: the
-    policy asks for a plain step to time the one-token cost once wider rounds set the scale, and
-    then prices one token at 1.1 s and more at 1.5 s, not both at the wider rounds' scale."""
+    """On a flat curve, rounds verifying 5 tokens take 1.5 s and one-token rounds 1.1 s: once
+    three wider rounds set the scale, the policy asks for a plain step to time the one-token cost,
+    and then prices one token at 1.1 s and more at 1.5 s, not both at the wider rounds' scale."""
     policy = CostAwarePolicy(cost=_curve([1.0] * 10))
-    assert policy.shape().max_tokens > 0
-    policy.observe(_round(committed=2, round_s=1.6))
+    for _ in range(cost_aware.TRUSTED_WIDER):
+        assert policy.shape().max_tokens > 0
+        policy.observe(_round(committed=2, round_s=1.6))
     _plain_step_timed(policy, round_s=1.1)
     assert policy.round_verify_s(1) == pytest.approx(1.1)
     assert policy.round_verify_s(2) == pytest.approx(1.5)
@@ -416,7 +415,8 @@ def test_both_costs_are_timed_again_after_refresh_rounds():
     )
     wide = _round(committed=5, round_s=1.6)
     plain_step = RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0)
-    policy.observe(wide)
+    for _ in range(cost_aware.TRUSTED_WIDER):
+        policy.observe(wide)
     _plain_step_timed(policy)
     plain = []
     for _ in range(9):
@@ -431,6 +431,18 @@ def test_both_costs_are_timed_again_after_refresh_rounds():
         kept.append(len(draft))
         policy.observe(RoundOutcome(draft, [], draft_s=0.1, round_s=1.1))
     assert kept == [0, 0, 0, 0, 1] * 2
+
+
+def test_a_wider_round_is_timed_again_where_no_draft_is_expected_to_pay():
+    """Each verified token costs a full forward, so no draft pays; still, after 4 rounds without
+    a wider one, the policy drafts to time one (a scale that overstates that cost would
+    otherwise never be measured again)."""
+    policy = CostAwarePolicy(cost=_curve([float(n) for n in range(1, 11)]), refresh_rounds=4)
+    drafts = []
+    for _ in range(5):
+        drafts.append(policy.shape().max_tokens > 0)
+        policy.observe(RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0))
+    assert drafts == [False] * 4 + [True]
 
 
 # -- cost-aware at a batch -------------------------------------------------------------------------
@@ -593,9 +605,7 @@ def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
     that each commit one token a row for 1.5 s (0.5 s of drafting) lose 0.5 s each: 1.0 s, 5%
     of 20 plain rounds. Judged row by row (four outcomes a round) they would lose 4 times that."""
     policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05)
-    for probe_round in range(2):
-        if probe_round:
-            _plain_step_timed(policy, rows=4)
+    for _ in range(2):
         assert policy.shape(rows=4).max_tokens > 0
         policy.observe_round(_batch_round([1] * 4, [4] * 4, draft_s=0.5, round_s=1.5))
     stretch = 0

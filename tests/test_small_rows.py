@@ -110,7 +110,7 @@ def test_the_decoder_verifies_and_drafts_weight_first(monkeypatch):
     assert any(shape[-2] > 1 for shape in calls)  # multi-token blocks ran weight-first
 
 
-def test_a_decoder_packs_its_targets_weights_before_its_first_round(monkeypatch):
+def test_a_decoder_and_its_draft_model_pack_their_weights_before_the_first_round(monkeypatch):
     packed = []
     reorder = torch.ops.mkldnn._reorder_linear_weight
     monkeypatch.setattr(
@@ -119,9 +119,11 @@ def test_a_decoder_packs_its_targets_weights_before_its_first_round(monkeypatch)
         lambda weight: packed.append(weight.shape) or reorder(weight),
     )
     target = tiny_model()
-    linears = [m for m in target.modules() if type(m) is nn.Linear]
-    SpeculativeDecoder(target, DraftModelDrafter(perturbed_copy(target, scale=0.05)))
+    draft = perturbed_copy(target, scale=0.05)
+    linears = [m for model in (target, draft) for m in model.modules() if type(m) is nn.Linear]
+    SpeculativeDecoder(target, DraftModelDrafter(draft))
     assert len(packed) == len(linears)
-    with torch.no_grad(), small_rows(target, rows=2):
+    with torch.no_grad(), small_rows(target, rows=2), small_rows(draft, rows=2):
         target(torch.tensor([[1, 2]]))
-    assert len(packed) == len(linears)  # the forward found every weight packed
+        draft(torch.tensor([[1, 2]]))
+    assert len(packed) == len(linears)  # the forwards found every weight packed

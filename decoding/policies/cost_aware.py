@@ -23,16 +23,14 @@ logger = logging.getLogger(__name__)
 
 PLAIN = TreeShape.chain(0)
 
+STEPS_TIMED = 9
+"""Drafter steps whose median is a step's cost until rounds of several lengths fit it: a first
+step's setting up of kernels does not stop the drafting that would time it again."""
 
-@dataclass
-class _MovingAverage:
-    """Exponential moving average; None until the first value."""
-
-    weight: float
-    value: float | None = None
-
-    def add(self, x: float) -> None:
-        self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
+TRUSTED_WIDER = 3
+"""Rounds verifying more than one token timed before their own median sets the curve's scale
+(until then every round's does): one alone may be slow for a reason that does not recur, such as
+a first call's setting up of kernels for its shape."""
 
 
 @dataclass
@@ -48,9 +46,6 @@ class _RecentMedian:
         self._values.append(x)
         if len(self._values) > self.size:
             self._values.popleft()
-
-    def clear(self) -> None:
-        self._values.clear()
 
     @property
     def value(self) -> float | None:
@@ -69,10 +64,10 @@ class _DraftCost:
 
     weight: float
     _moments: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, s, n*n, n*s, count
-    _step: _MovingAverage = field(init=False)
+    _step: _RecentMedian = field(init=False)
 
     def __post_init__(self) -> None:
-        self._step = _MovingAverage(self.weight)
+        self._step = _RecentMedian(STEPS_TIMED)
 
     def add(self, n: int, seconds: float) -> None:
         keep = 1 - self.weight
@@ -139,12 +134,13 @@ class CostAwarePolicy(DraftPolicy):
     draft cut to nothing) costs the decoder what its plain decoding would, which need not be what
     the curve, scaled on the rounds that verified more, says (the curve's one- and two-token
     forwards may differ by more or less than it was timed at, and a speculative round does more
-    besides its forward). So the curve's scale is fitted on the rounds that verified two tokens or
-    more, and a one-token round sets the one-token cost's own factor over that scale, each the
-    median of the last `timed_rounds`. When no round of the last `refresh_rounds` verified one
-    token, the next is a plain step to measure it (at most one round in `refresh_rounds` without
-    speculation's gain, nothing against plain decoding's speed); when none verified more, the
-    next keeps one drafted token to measure that.
+    besides its forward). So once `TRUSTED_WIDER` rounds that verified two tokens or more are
+    timed, the curve's scale is fitted on those alone (before, on every round), and a one-token
+    round sets the one-token cost's own factor over that scale, each the median of the last
+    `timed_rounds`. When no round of the last `refresh_rounds` verified one token, the next is a
+    plain step to measure it (at most one round in `refresh_rounds` without speculation's gain,
+    nothing against plain decoding's speed); when none verified more, the next drafts and keeps
+    at least one token to measure that, whether or not drafting is expected to pay.
 
     Falling back: each speculative round's seconds (its drafting plus the scaled curve's cost of
     the tokens it verified) are set against what plain decoding would have taken for the tokens
@@ -195,15 +191,17 @@ class CostAwarePolicy(DraftPolicy):
     _draft_cost: _DraftCost = field(init=False, repr=False)
     _scale: _RecentMedian = field(init=False, repr=False)
     """Seconds of verification now per second of the profiled curve, on the rounds that verified
-    two tokens or more (on one-token rounds until one did)."""
+    two tokens or more."""
+    _any_scale: _RecentMedian = field(init=False, repr=False)
+    """The same on every round: the scale until `TRUSTED_WIDER` wider rounds are timed."""
+    _wider_timed: int = field(default=0, init=False, repr=False)
+    """Rounds timed that verified more than one token."""
     _one_token: _RecentMedian = field(init=False, repr=False)
     """A one-token round's seconds of verification per second of the scaled curve's."""
     _since_one_token: int = field(default=0, init=False, repr=False)
     """Rounds since the last that verified one token."""
     _since_wider: int = field(default=0, init=False, repr=False)
     """Rounds since the last that verified more than one token."""
-    _wider_timed: bool = field(default=False, init=False, repr=False)
-    """A round that verified more than one token has been timed (the scale is its kind's)."""
     _budget: int | None = field(default=None, init=False, repr=False)
     _round_acceptance: list[list[float]] = field(default_factory=list, init=False, repr=False)
     """Per row of this round, in row order, the acceptance of each token its chain drafted."""
@@ -248,6 +246,7 @@ class CostAwarePolicy(DraftPolicy):
         # between requests.
         self._draft_cost = _DraftCost(self.smoothing)
         self._scale = _RecentMedian(self.timed_rounds)
+        self._any_scale = _RecentMedian(self.timed_rounds)
         self._one_token = _RecentMedian(self.timed_rounds)
         self._backoff = self.first_backoff
         self.start()
@@ -271,7 +270,7 @@ class CostAwarePolicy(DraftPolicy):
         if self._plain_left > 0 or self._one_token_unmeasured():
             return PLAIN
         shape = self.largest
-        if not self._a_chain_can_pay():
+        if not self._a_chain_can_pay() and self._since_wider < self.refresh_rounds:
             return PLAIN
         if shape.is_chain or self._budget is None:
             return shape
@@ -285,7 +284,7 @@ class CostAwarePolicy(DraftPolicy):
         at all) verified one token."""
         return (
             self.cost is not None
-            and self._wider_timed
+            and self._wider_timed >= TRUSTED_WIDER
             and (self._one_token.value is None or self._since_one_token >= self.refresh_rounds)
         )
 
@@ -528,28 +527,28 @@ class CostAwarePolicy(DraftPolicy):
         over it from one (the scale too, until a wider round has set it)."""
         self._since_one_token += 1
         self._since_wider += 1
-        curve_s = self._curve(self._rows, width)
+        scale = seconds / self._curve(self._rows, width)
+        self._any_scale.add(scale)
         if width == 1:
-            if self._wider_timed:
-                self._one_token.add(seconds / (curve_s * self._scale.value))
-            else:
-                self._scale.add(seconds / curve_s)
             self._since_one_token = 0
+            if self._wider_timed >= TRUSTED_WIDER:
+                self._one_token.add(scale / self._scale.value)
             return
-        if not self._wider_timed:  # the scale held one-token rounds: a wider one replaces them
-            self._scale.clear()
-            self._wider_timed = True
-        self._scale.add(seconds / curve_s)
         self._since_wider = 0
+        self._scale.add(scale)
+        self._wider_timed += 1
 
     def round_verify_s(self, n: int, rows: int | None = None) -> float:
         """Seconds of one target forward verifying n tokens in each of `rows` rows (default this
         round's): the profiled curve's shape, scaled to the rounds timed now (the machine may be
         busier, or run other threads, than when it was profiled), and one token's by its own
         measured factor."""
-        scale = 1.0 if self._scale.value is None else self._scale.value
-        if n == 1 and self._one_token.value is not None:
-            scale *= self._one_token.value
+        if self._wider_timed >= TRUSTED_WIDER:
+            scale = self._scale.value
+            if n == 1 and self._one_token.value is not None:
+                scale *= self._one_token.value
+        else:
+            scale = 1.0 if self._any_scale.value is None else self._any_scale.value
         return self._curve(self._rows if rows is None else rows, n) * scale
 
     def row_verify_s(self, n: int) -> float:
