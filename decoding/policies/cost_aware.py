@@ -171,7 +171,7 @@ class CostAwarePolicy(DraftPolicy):
     name = "cost-aware"
     cost: CostCurve | None = None
     """The target's verification cost (`draftsmith profile`); None: measured at first use."""
-    patience: float = 2.0
+    patience: float = 8.0
     """Plain decoding steps' worth of seconds that speculation may lose, net, before the policy
     falls back to plain decoding."""
     first_backoff: int = 4
