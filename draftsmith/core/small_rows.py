@@ -8,9 +8,9 @@ MKL's small-row kernels reach a fraction of the machine's flops from 5 rows on. 
 product on a weight reordered once into its blocked layout is faster at one row and costs 1.1x
 to 1.9x that for 2 to 12 rows (MKL: up to 3.1x). Measured in `benchmarks/README.md`.
 
-The packed weight is a second copy of each swapped layer's weight, made on first use and kept
-while the layer lives (repacked when the weight changes); DRAFTSMITH_SMALL_ROWS=0 turns the
-whole mechanism off.
+The packed weight is a second copy of each swapped layer's weight, made by `prepack` (decoders
+and drafters call it at load) or on first use, and kept while the layer lives (repacked when the
+weight changes); DRAFTSMITH_SMALL_ROWS=0 turns the whole mechanism off.
 """
 
 from __future__ import annotations
