@@ -88,7 +88,9 @@ def main() -> None:
             for name in methods[shift:] + methods[:shift]:
                 torch.manual_seed(args.seed)
                 started = time.perf_counter()
-                outputs[name] = _decode(name, decoders, weight_first, target, tokenizer, ids, args)
+                outputs[name] = _decode(
+                    name, decoders, weight_first, target, tokenizer, ids, args, sampling
+                )
                 wall = time.perf_counter() - started
                 seconds[name] = min(wall, seconds.get(name, wall))
         plain = outputs["plain"]
@@ -135,18 +137,12 @@ def main() -> None:
             out.write(json.dumps(report, indent=2) + "\n")
 
 
-def _decode(name: str, decoders: dict, weight_first: dict, target, tokenizer, ids, args):
+def _decode(name, decoders, weight_first, target, tokenizer, ids, args, sampling):
     """One prompt decoded by `name`: plain `generate` on draftsmith's linear layers (its new
-    token ids) or a policy's decoder (its result)."""
+    token ids) or a policy's decoder with `sampling` (its result)."""
     if name != "plain":
         small_rows.ENABLED = weight_first[name]
-        return decoders[name].generate(
-            ids,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            seed=args.seed,
-        )
+        return decoders[name].generate(ids, max_new_tokens=args.max_new_tokens, **sampling)
     small_rows.ENABLED = True  # plain runs on the decoders' linear layers
     with torch.inference_mode(), small_rows.small_rows(target):
         return target.generate(

@@ -40,16 +40,15 @@ class _RecentMedian:
     cannot stop the drafting that measures that cost again."""
 
     size: int
-    _values: deque[float] = field(default_factory=deque)
+    value: float | None = field(default=None, init=False)
+    """Set on each `add`: the planning reads it many times a drafted token."""
+    _values: deque[float] = field(default_factory=deque, init=False)
 
     def add(self, x: float) -> None:
         self._values.append(x)
         if len(self._values) > self.size:
             self._values.popleft()
-
-    @property
-    def value(self) -> float | None:
-        return statistics.median(self._values) if self._values else None
+        self.value = statistics.median(self._values)
 
 
 @dataclass
@@ -524,7 +523,8 @@ class CostAwarePolicy(DraftPolicy):
     def _time_verification(self, seconds: float, width: int) -> None:
         """Learn from a round whose verification (all but its drafting) took `seconds` for
         `width` tokens a row: the curve's scale from two tokens or more, the one-token factor
-        over it from one (the scale too, until a wider round has set it)."""
+        over it from one (every round's scale too, the scale until `TRUSTED_WIDER` wider
+        rounds are timed)."""
         self._since_one_token += 1
         self._since_wider += 1
         scale = seconds / self._curve(self._rows, width)
