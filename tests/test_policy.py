@@ -358,6 +358,42 @@ def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it
     assert not policy.speculating
 
 
+def _planned_round(policy: CostAwarePolicy, accepted: bool) -> None:
+    """A round as the decoder runs it: one token drafted (acceptance 0.2 by the policy's
+    calibrator) in 0.3 s and kept, accepted or not, verified by a 1 s forward; a plain step
+    first wherever the policy asks for one to time the one-token cost."""
+    while policy.shape().max_tokens == 0:
+        policy.observe(RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0))
+    policy.stop_fn()(0, torch.zeros(1, 16))
+    draft = policy.trim(Draft(tokens=torch.zeros(1, dtype=torch.long)))
+    assert len(draft) == 1  # 1.2 tokens for 1.3 s beat the 1 token its cut would give
+    outcome = RoundOutcome(draft, [0] if accepted else [], draft_s=0.3, round_s=1.3)
+    policy.observe(outcome)
+
+
+@pytest.mark.parametrize(("expected_patience", "rounds"), [(2.0, 23), (1e9, 81)])
+def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_show_it(
+    monkeypatch, expected_patience, rounds
+):
+    """Each round is expected to lose 0.1 s (1.2 tokens for 1.3 s against plain's 1 s a token)
+    and does, on average, as one round in five commits two tokens. Two rounds are not judged:
+    the first, and the first after the plain step that times the one-token cost (the drafter
+    catches up in both). So the expectation passes the two plain steps of `expected_patience`
+    in the 23rd round, while what the rounds committed, which each lucky round puts 0.7 s
+    ahead, passes the eight of `patience` only in the 81st."""
+    tick_clock(monkeypatch, 0.0)
+    policy = CostAwarePolicy(
+        cost=_curve([1.0] * 10),
+        acceptance=ConstantCalibrator(0.2),
+        recalibrate=False,
+        expected_patience=expected_patience,
+    )
+    for n in range(rounds):
+        assert policy.speculating
+        _planned_round(policy, accepted=n % 5 == 1)
+    assert not policy.speculating
+
+
 def test_the_round_a_drafter_catches_up_in_is_not_judged_as_speculations_rate():
     """The first round has the drafter read the prompt (6 s): 4 tokens for 7 s, 3 s lost against
     plain's one a second, more than the 2 plain steps of patience. After it, 4 tokens commit

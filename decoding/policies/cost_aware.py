@@ -153,9 +153,15 @@ class CostAwarePolicy(DraftPolicy):
     round, plain or not, times its verification and so sets the curve's scale. Judging rounds on
     the scaled curve rather than on their own wall time keeps a busy machine's noise out of the
     comparison, noise that would otherwise let a drafter whose tokens are all cut go on
-    drafting. Once speculation is slower, the policy decodes plainly for `first_backoff` rounds,
-    then probes afresh; each probe that loses doubles the plain stretch (up to `max_backoff`),
-    and a fallback after speculation paid overall starts the doubling again. A plain stretch
+    drafting. The same sum is kept on what each round's plan expected it to commit (its trimmed
+    draft's path probabilities, plus one) for what it spent, and the policy falls back too once
+    that one passes `expected_patience` plain steps: a draft cut to nothing is a certain loss of
+    its drafting, and a kept one an expected loss or gain, where what a round commits varies by
+    whole tokens, so the expectation gives its verdict after far fewer rounds; what the rounds
+    committed still judges a calibration that promises too much. Once speculation is slower,
+    the policy decodes plainly for `first_backoff` rounds, then probes afresh; each probe that
+    loses doubles the plain stretch (up to `max_backoff`), and a fallback after speculation paid
+    overall starts the doubling again. A plain stretch
     runs on into the next request: a probe there would first have the drafter read the whole
     prompt, a cost plain decoding never pays.
 
@@ -173,6 +179,11 @@ class CostAwarePolicy(DraftPolicy):
     patience: float = 8.0
     """Plain decoding steps' worth of seconds that speculation may lose, net, before the policy
     falls back to plain decoding."""
+    expected_patience: float = 2.0
+    """The same for what speculation is expected to lose, net, by the plans of its rounds (their
+    drafting spent, their verification, and the tokens their kept drafts are expected to
+    commit): an expectation varies far less from round to round than what a round commits, so
+    the verdict on it can come sooner."""
     first_backoff: int = 4
     """Plain rounds after speculation first loses."""
     max_backoff: int = 64
@@ -218,6 +229,11 @@ class CostAwarePolicy(DraftPolicy):
     _deficit_s: float = field(default=0.0, init=False, repr=False)
     """Seconds speculation has lost against plain decoding since it last drew level (the
     drafter's catching up left out)."""
+    _expected_deficit_s: float = field(default=0.0, init=False, repr=False)
+    """Seconds speculation is expected to have lost since it last drew level by those plans."""
+    _expected: list[float | None] = field(default_factory=list, init=False, repr=False)
+    """Per row of this round, in row order, the tokens its trimmed draft is expected to commit
+    (None where the draft was not planned)."""
     _spec_lost_s: float = field(default=0.0, init=False, repr=False)
     """Net seconds the speculative rounds of this probe (or request) lost against plain
     decoding, the drafter's catching up included."""
@@ -231,8 +247,11 @@ class CostAwarePolicy(DraftPolicy):
                 "need 1 <= first_backoff <= max_backoff, got "
                 f"{self.first_backoff}, {self.max_backoff}"
             )
-        if self.patience < 0:
-            raise ValueError(f"patience must be >= 0, got {self.patience}")
+        if self.patience < 0 or self.expected_patience < 0:
+            raise ValueError(
+                "patience and expected_patience must be >= 0, got "
+                f"{self.patience}, {self.expected_patience}"
+            )
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         if not 0.0 < self.probe_budget <= 1.0:
@@ -259,13 +278,14 @@ class CostAwarePolicy(DraftPolicy):
 
     def _reset_speculation(self) -> None:
         self._deficit_s = 0.0
+        self._expected_deficit_s = 0.0
         self._spec_lost_s = 0.0
 
     # -- planning ----------------------------------------------------------------------------
 
     def shape(self, rows: int = 1) -> TreeShape:
         self._rows, self._drafted, self._drafted_steps = rows, 0, 0
-        self._round_acceptance, self._round_depths = [], []
+        self._round_acceptance, self._round_depths, self._expected = [], [], []
         if self._plain_left > 0 or self._one_token_unmeasured():
             return PLAIN
         shape = self.largest
@@ -392,19 +412,29 @@ class CostAwarePolicy(DraftPolicy):
             steps = int(draft.depths.max()) if len(draft) else 0
         self._drafted_steps += steps
         if self.cost is None or len(draft) == 0:
+            self._expected.append(1.0 if len(draft) == 0 else None)
             return draft
         if self.tree is not None:
             return self._trim_tree(draft, steps)
         # Rows are trimmed in the order their stop rules were made.
         accepted = self._round_acceptance.pop(0) if self._round_acceptance else []
         if len(accepted) != len(draft):  # a drafter that ignored the stop rule
+            self._expected.append(None)
             return draft
         paths = list(itertools.accumulate(accepted, operator.mul))
         if draft.probs is not None:
             size = self._while_each_pays(paths, range(1, len(paths) + 1))
         else:
             size = self._best(paths, self._drafting_s(len(paths)))[0]
-        return draft.subtree(range(self._measuring(size)))
+        return draft.subtree(range(self._kept(size, paths)))
+
+    def _kept(self, size: int, values: list[float]) -> int:
+        """How many of a draft's nodes, in the order of their `values` (path probabilities), the
+        target verifies: `size`, unless a node is kept for `_measuring`; the tokens they are
+        expected to commit are noted for the verdict on speculation."""
+        size = self._measuring(size)
+        self._expected.append(1.0 + sum(values[:size]))
+        return size
 
     def _measuring(self, size: int) -> int:
         """size, or one node where a draft cut to nothing would leave the cost of verifying more
@@ -415,6 +445,7 @@ class CostAwarePolicy(DraftPolicy):
 
     def _trim_tree(self, draft: Draft, depths: int) -> Draft:
         if draft.values is None:
+            self._expected.append(None)
             return draft
         if draft.probs is not None:
             # Depth by depth, each depth's most valuable first (ties: the earlier node, so a
@@ -424,17 +455,15 @@ class CostAwarePolicy(DraftPolicy):
                 key=lambda n: (int(draft.depths[n]), -float(draft.values[n]), n),
             )
             values = [float(draft.values[n]) for n in order]
-            size = self._measuring(
-                self._while_each_pays(values, [int(draft.depths[n]) for n in order])
-            )
-            kept = draft.subtree(sorted(order[:size]))
+            size = self._while_each_pays(values, [int(draft.depths[n]) for n in order])
+            kept = draft.subtree(sorted(order[: self._kept(size, values)]))
         else:
             # A node's value is its path's probability of acceptance, so the n most valuable
             # nodes (parents are worth at least their children) are expected to give their sum.
             values = draft.values.sort(descending=True).values.tolist()
-            size = self._measuring(self._best(values, self._drafting_s(depths))[0])
+            size = self._kept(self._best(values, self._drafting_s(depths))[0], values)
             kept = draft.pruned(size)
-        widest = int(kept.depths.bincount().max()) if size else 1
+        widest = int(kept.depths.bincount().max()) if len(kept) else 1
         self._budget = min(2 * widest, self.largest.top_k)
         return kept
 
@@ -488,6 +517,7 @@ class CostAwarePolicy(DraftPolicy):
         for outcome in outcomes:
             super().observe(outcome)
         rows = self._rows = len(outcomes)
+        planned, self._expected = self._expected, []
         # One forward verified every row's block, padded to the widest.
         width = max(len(outcome.draft) for outcome in outcomes) + 1
         draft_s, round_s = outcomes[0].draft_s, outcomes[0].round_s
@@ -503,14 +533,26 @@ class CostAwarePolicy(DraftPolicy):
         # Plain decoding gives every row a token per one-token forward of the batch.
         plain_round_s = self.round_verify_s(1, rows)
         committed = sum(outcome.committed for outcome in outcomes)
-        lost_s = draft_s + self.round_verify_s(width, rows) - committed / rows * plain_round_s
+        spent_s = draft_s + self.round_verify_s(width, rows)
+        lost_s = spent_s - committed / rows * plain_round_s
         self._spec_lost_s += lost_s
         if catching_up:
             # The drafter read the prompt or a plain stretch first: a cost paid once per request
             # or probe (counted in what the probe lost), not evidence of how speculation goes.
             return
+        # A row whose draft was not planned (its drafter ignored the stop rule) counts as what
+        # it committed.
+        expected = sum(
+            outcome.committed if e is None else e
+            for outcome, e in itertools.zip_longest(outcomes, planned[: len(outcomes)])
+        )
+        expected_lost_s = spent_s - expected / rows * plain_round_s
         self._deficit_s = max(self._deficit_s + lost_s, 0.0)
-        if self._deficit_s <= self.patience * plain_round_s:
+        self._expected_deficit_s = max(self._expected_deficit_s + expected_lost_s, 0.0)
+        if (
+            self._deficit_s <= self.patience * plain_round_s
+            and self._expected_deficit_s <= self.expected_patience * plain_round_s
+        ):
             return
         # Slower than plain: decode plainly for a while, then probe afresh.
         if self._spec_lost_s <= 0:  # it paid until now: the workload changed, not the drafter
