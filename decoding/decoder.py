@@ -186,7 +186,11 @@ class SpeculativeDecoder:
         drafters = self._row_drafters(len(rows))
         target = RaggedTarget(self.target, self.drafter.target_feature_layers, len(rows))
         _prefill(target, ids, drafters)
-        self.policy.start(self.target)
+        self.policy.start(
+            self.target,
+            prompt_lengths=[prompt.numel() for prompt in ids],
+            max_new_tokens=max_new_tokens,
+        )
         active = rows
         while active:
             round_started = time.perf_counter()

@@ -359,14 +359,14 @@ def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it
 
 
 def _planned_round(policy: CostAwarePolicy, accepted: bool) -> None:
-    """A round as the decoder runs it: one token drafted (acceptance 0.2 by the policy's
+    """A round as the decoder runs it: one token drafted (at the acceptance of the policy's
     calibrator) in 0.3 s and kept, accepted or not, verified by a 1 s forward; a plain step
     first wherever the policy asks for one to time the one-token cost."""
     while policy.shape().max_tokens == 0:
         policy.observe(RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0))
     policy.stop_fn()(0, torch.zeros(1, 16))
     draft = policy.trim(Draft(tokens=torch.zeros(1, dtype=torch.long)))
-    assert len(draft) == 1  # 1.2 tokens for 1.3 s beat the 1 token its cut would give
+    assert len(draft) == 1  # at 0.2, 1.2 tokens for 1.3 s beat the 1 token its cut would give
     outcome = RoundOutcome(draft, [0] if accepted else [], draft_s=0.3, round_s=1.3)
     policy.observe(outcome)
 
@@ -392,6 +392,29 @@ def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_s
         assert policy.speculating
         _planned_round(policy, accepted=n % 5 == 1)
     assert not policy.speculating
+
+
+@pytest.mark.parametrize(("max_new_tokens", "speculates"), [(2, False), (10, True)])
+def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_speculation_gains(
+    monkeypatch, max_new_tokens, speculates
+):
+    """The drafter read the last request's 100-token prompt in 0.3 s; since then each round was
+    expected to commit 1.5 tokens for 1.3 s (plain: 1 s a token), about 0.12 s gained a token
+    (the plain step that timed the one-token cost gained nothing). A next request of 100 prompt
+    tokens pays that reading over 10 new tokens, not over 2: that one is decoded plainly
+    throughout."""
+    tick_clock(monkeypatch, 0.0)
+    policy = CostAwarePolicy(
+        cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.5), recalibrate=False
+    )
+    policy.start(prompt_lengths=[100], max_new_tokens=64)
+    for n in range(12):
+        _planned_round(policy, accepted=n % 2 == 0)
+    policy.start(prompt_lengths=[100], max_new_tokens=max_new_tokens)
+    assert policy.speculating == speculates
+    for _ in range(0 if speculates else max_new_tokens):
+        assert policy.shape().max_tokens == 0
+        policy.observe(RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0))
 
 
 def test_the_round_a_drafter_catches_up_in_is_not_judged_as_speculations_rate():
@@ -653,11 +676,17 @@ def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
 
 
 class RecordingPolicy(CostAwarePolicy):
-    """Cost-aware, recording the rows each round opened with and the outcomes it observed."""
+    """Cost-aware, recording each request's size, the rows each round opened with and the
+    outcomes it observed."""
 
     def __post_init__(self) -> None:
         self.rounds: list[list[int | None]] = []
+        self.requests: list[tuple[list[int], int]] = []
         super().__post_init__()
+
+    def start(self, target=None, *, prompt_lengths=(), max_new_tokens=0) -> None:
+        self.requests.append((list(prompt_lengths), max_new_tokens))
+        super().start(target, prompt_lengths=prompt_lengths, max_new_tokens=max_new_tokens)
 
     def shape(self, rows: int = 1) -> TreeShape:
         self.rounds.append([rows, None])
@@ -677,6 +706,7 @@ def test_the_decoder_reports_each_batch_round_to_the_policy_at_once(llama):
         assert result.tokens == greedy_reference(llama, prompt, 12)
     assert policy.rounds[0] == [3, 3]
     assert all(rows == observed for rows, observed in policy.rounds)
+    assert policy.requests[-1] == ([3, 2, 4], 12)
 
 
 def test_cost_aware_falls_back_when_the_drafter_is_useless(llama):

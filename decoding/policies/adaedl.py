@@ -4,6 +4,7 @@ threshold (AdaEDL, Agrawal et al. 2024, arXiv 2410.18351)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel
@@ -50,7 +51,13 @@ class AdaEDLPolicy(DraftPolicy):
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         self.start()
 
-    def start(self, target: PreTrainedModel | None = None) -> None:
+    def start(
+        self,
+        target: PreTrainedModel | None = None,
+        *,
+        prompt_lengths: Sequence[int] = (),
+        max_new_tokens: int = 0,
+    ) -> None:
         self.threshold = self.initial_threshold
         self._rate = self.target_acceptance
 

@@ -75,9 +75,16 @@ class DraftPolicy:
         """The largest draft this policy proposes in one round."""
         return self.tree or TreeShape.chain(self.max_draft_tokens)
 
-    def start(self, target: PreTrainedModel | None = None) -> None:
-        """A new request for `target` begins: a policy resets its per-request state here (and
-        may measure what it needs of the target, once)."""
+    def start(
+        self,
+        target: PreTrainedModel | None = None,
+        *,
+        prompt_lengths: Sequence[int] = (),
+        max_new_tokens: int = 0,
+    ) -> None:
+        """A new request for `target` begins, one row per prompt of `prompt_lengths` tokens, each
+        to generate up to `max_new_tokens` (empty, 0: not said): a policy resets its per-request
+        state here (and may measure what it needs of the target, once)."""
 
     def shape(self, rows: int = 1) -> TreeShape:
         """The draft shape of this round, which opens it, for `rows` rows decoding together (each

@@ -33,6 +33,11 @@ TRUSTED_WIDER = 3
 a first call's setting up of kernels for its shape."""
 
 
+GAIN_ROUNDS = 32
+"""Judged rounds whose expected gain over plain decoding sets what speculation is worth a token
+when a request begins."""
+
+
 @dataclass
 class _RecentMedian:
     """Median of the last `size` values; None before the first. One slow round (a busy machine's
@@ -165,6 +170,13 @@ class CostAwarePolicy(DraftPolicy):
     runs on into the next request: a probe there would first have the drafter read the whole
     prompt, a cost plain decoding never pays.
 
+    A request is decoded plainly from its start where the drafter's reading of its prompts (a
+    prefill of its own for a draft model, timed per token on requests' first drafted rounds)
+    would cost more than speculation is expected to gain over its new tokens, at the gain a
+    token the plans of the last `GAIN_ROUNDS` judged rounds expected: a short request, or a
+    workload where speculation barely pays, does not earn back that reading. The verdict is
+    then spent, so the request after the plain stretch probes again.
+
     What a probe costs bounds how often it runs: the seconds its rounds lost against plain
     decoding of the tokens they committed (the drafter's catching up on the prompt and the plain
     stretch included: for a draft model that is a prefill of its own) buy a plain stretch at
@@ -234,6 +246,15 @@ class CostAwarePolicy(DraftPolicy):
     _expected: list[float | None] = field(default_factory=list, init=False, repr=False)
     """Per row of this round, in row order, the tokens its trimmed draft is expected to commit
     (None where the draft was not planned)."""
+    _gains: deque[tuple[float, float]] = field(default_factory=deque, init=False, repr=False)
+    """Per judged round of the last `GAIN_ROUNDS`: seconds its plan expected to gain over plain
+    decoding, and the tokens it expected to commit."""
+    _reading: _RecentMedian = field(init=False, repr=False)
+    """Seconds the drafter takes to read a prompt token, from requests' first drafted rounds."""
+    _prompt_tokens: int = field(default=0, init=False, repr=False)
+    """Tokens of this request's prompts (0: not said)."""
+    _request_rounds: int = field(default=0, init=False, repr=False)
+    """Rounds of this request so far."""
     _spec_lost_s: float = field(default=0.0, init=False, repr=False)
     """Net seconds the speculative rounds of this probe (or request) lost against plain
     decoding, the drafter's catching up included."""
@@ -266,15 +287,40 @@ class CostAwarePolicy(DraftPolicy):
         self._scale = _RecentMedian(self.timed_rounds)
         self._any_scale = _RecentMedian(self.timed_rounds)
         self._one_token = _RecentMedian(self.timed_rounds)
+        self._reading = _RecentMedian(self.timed_rounds)
         self._backoff = self.first_backoff
         self.start()
 
-    def start(self, target: PreTrainedModel | None = None) -> None:
+    def start(
+        self,
+        target: PreTrainedModel | None = None,
+        *,
+        prompt_lengths: Sequence[int] = (),
+        max_new_tokens: int = 0,
+    ) -> None:
+        """Open a request; decode it plainly where the drafter's reading of its prompts would
+        cost more than speculation is expected to gain over its tokens (`_reading_pays`)."""
         if self.cost is None and target is not None:
             self.cost = _measure_cost(target, self.largest.max_tokens + 1)
+        if self.speculating and not self._reading_pays(sum(prompt_lengths), max_new_tokens):
+            self._fall_back(at_least=max_new_tokens)
+            self._gains.clear()  # the verdict is spent: the request after the stretch probes
         self._reset_speculation()
         self._budget = None
         self._drafted_before = False
+        self._prompt_tokens, self._request_rounds = sum(prompt_lengths), 0
+
+    def _reading_pays(self, prompt_tokens: int, new_tokens: int) -> bool:
+        """Whether speculation is expected to gain, over `new_tokens` a row, more than the
+        drafter's reading of `prompt_tokens` costs: each at what the last rounds measured (the
+        gain their plans expected a token, the reading's seconds a token). Without both
+        measured (`timed_rounds` judged rounds at least), or without the request's size, it is
+        taken to pay."""
+        measured = len(self._gains) >= self.timed_rounds and self._reading.value is not None
+        if not (measured and prompt_tokens and new_tokens):
+            return True
+        gain_s = sum(g for g, _ in self._gains) / max(sum(n for _, n in self._gains), 1e-9)
+        return gain_s * new_tokens * self._rows > self._reading.value * prompt_tokens
 
     def _reset_speculation(self) -> None:
         self._deficit_s = 0.0
@@ -522,6 +568,8 @@ class CostAwarePolicy(DraftPolicy):
         width = max(len(outcome.draft) for outcome in outcomes) + 1
         draft_s, round_s = outcomes[0].draft_s, outcomes[0].round_s
         self._time_verification(max(round_s - draft_s, 1e-9), width)
+        first_of_request = self._request_rounds == 0
+        self._request_rounds += 1
         if self._plain_left > 0:
             self._plain_left -= 1
             self._drafted_before = False
@@ -539,6 +587,11 @@ class CostAwarePolicy(DraftPolicy):
         if catching_up:
             # The drafter read the prompt or a plain stretch first: a cost paid once per request
             # or probe (counted in what the probe lost), not evidence of how speculation goes.
+            if first_of_request and self._prompt_tokens:
+                drafting_s = (
+                    self._draft_cost.fixed + self._drafted_steps * self._draft_cost.per_step
+                )
+                self._reading.add(max(draft_s - drafting_s, 0.0) / self._prompt_tokens)
             return
         # A row whose draft was not planned (its drafter ignored the stop rule) counts as what
         # it committed.
@@ -547,6 +600,9 @@ class CostAwarePolicy(DraftPolicy):
             for outcome, e in itertools.zip_longest(outcomes, planned[: len(outcomes)])
         )
         expected_lost_s = spent_s - expected / rows * plain_round_s
+        self._gains.append((-expected_lost_s, expected))
+        if len(self._gains) > GAIN_ROUNDS:
+            self._gains.popleft()
         self._deficit_s = max(self._deficit_s + lost_s, 0.0)
         self._expected_deficit_s = max(self._expected_deficit_s + expected_lost_s, 0.0)
         if (
@@ -554,11 +610,16 @@ class CostAwarePolicy(DraftPolicy):
             and self._expected_deficit_s <= self.expected_patience * plain_round_s
         ):
             return
-        # Slower than plain: decode plainly for a while, then probe afresh.
+        self._fall_back()
+
+    def _fall_back(self, at_least: int = 0) -> None:
+        """Speculation is slower than plain decoding: decode plainly for a while (at least
+        `at_least` rounds), then probe afresh."""
         if self._spec_lost_s <= 0:  # it paid until now: the workload changed, not the drafter
             self._backoff = self.first_backoff
+        plain_round_s = self.round_verify_s(1)
         paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * plain_round_s))
-        self._plain_left = max(self._backoff, paid_for)
+        self._plain_left = max(self._backoff, paid_for, at_least)
         self._backoff = min(2 * self._backoff, self.max_backoff)
         self._reset_speculation()
 
