@@ -166,9 +166,8 @@ class CostAwarePolicy(DraftPolicy):
     committed still judges a calibration that promises too much. Once speculation is slower,
     the policy decodes plainly for `first_backoff` rounds, then probes afresh; each probe that
     loses doubles the plain stretch (up to `max_backoff`), and a fallback after speculation paid
-    overall starts the doubling again. A plain stretch
-    runs on into the next request: a probe there would first have the drafter read the whole
-    prompt, a cost plain decoding never pays.
+    overall starts the doubling again. A plain stretch runs on into the next request: a probe
+    there would first have the drafter read the whole prompt, a cost plain decoding never pays.
 
     A request is decoded plainly from its start where the drafter's reading of its prompts (a
     prefill of its own for a draft model, timed per token on requests' first drafted rounds)
@@ -246,7 +245,9 @@ class CostAwarePolicy(DraftPolicy):
     _expected: list[float | None] = field(default_factory=list, init=False, repr=False)
     """Per row of this round, in row order, the tokens its trimmed draft is expected to commit
     (None where the draft was not planned)."""
-    _gains: deque[tuple[float, float]] = field(default_factory=deque, init=False, repr=False)
+    _gains: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=GAIN_ROUNDS), init=False, repr=False
+    )
     """Per judged round of the last `GAIN_ROUNDS`: seconds its plan expected to gain over plain
     decoding, and the tokens it expected to commit."""
     _reading: _RecentMedian = field(init=False, repr=False)
@@ -601,8 +602,6 @@ class CostAwarePolicy(DraftPolicy):
         )
         expected_lost_s = spent_s - expected / rows * plain_round_s
         self._gains.append((-expected_lost_s, expected))
-        if len(self._gains) > GAIN_ROUNDS:
-            self._gains.popleft()
         self._deficit_s = max(self._deficit_s + lost_s, 0.0)
         self._expected_deficit_s = max(self._expected_deficit_s + expected_lost_s, 0.0)
         if (
