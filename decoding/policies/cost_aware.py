@@ -254,8 +254,8 @@ class CostAwarePolicy(DraftPolicy):
     """Seconds the drafter takes to read a prompt token, from requests' first drafted rounds."""
     _prompt_tokens: int = field(default=0, init=False, repr=False)
     """Tokens of this request's prompts (0: not said)."""
-    _request_rounds: int = field(default=0, init=False, repr=False)
-    """Rounds of this request so far."""
+    _first_round: bool = field(default=True, init=False, repr=False)
+    """No round of this request has been observed yet."""
     _spec_lost_s: float = field(default=0.0, init=False, repr=False)
     """Net seconds the speculative rounds of this probe (or request) lost against plain
     decoding, the drafter's catching up included."""
@@ -309,7 +309,7 @@ class CostAwarePolicy(DraftPolicy):
         self._reset_speculation()
         self._budget = None
         self._drafted_before = False
-        self._prompt_tokens, self._request_rounds = sum(prompt_lengths), 0
+        self._prompt_tokens, self._first_round = sum(prompt_lengths), True
 
     def _reading_pays(self, prompt_tokens: int, new_tokens: int) -> bool:
         """Whether speculation is expected to gain, over `new_tokens` a row, more than the
@@ -569,8 +569,7 @@ class CostAwarePolicy(DraftPolicy):
         width = max(len(outcome.draft) for outcome in outcomes) + 1
         draft_s, round_s = outcomes[0].draft_s, outcomes[0].round_s
         self._time_verification(max(round_s - draft_s, 1e-9), width)
-        first_of_request = self._request_rounds == 0
-        self._request_rounds += 1
+        first_of_request, self._first_round = self._first_round, False
         if self._plain_left > 0:
             self._plain_left -= 1
             self._drafted_before = False
