@@ -14,7 +14,7 @@ from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import prepack
 from draftsmith.core.tree import chain_parents
-from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RoundOutcome
+from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RequestSize, RoundOutcome
 from draftsmith.decoding.verify import LosslessVerifier, Verifier
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, raw_acceptance
 
@@ -187,9 +187,7 @@ class SpeculativeDecoder:
         target = RaggedTarget(self.target, self.drafter.target_feature_layers, len(rows))
         _prefill(target, ids, drafters)
         self.policy.start(
-            self.target,
-            prompt_lengths=[prompt.numel() for prompt in ids],
-            max_new_tokens=max_new_tokens,
+            self.target, RequestSize(tuple(prompt.numel() for prompt in ids), max_new_tokens)
         )
         active = rows
         while active:

@@ -108,7 +108,14 @@ def main() -> None:
                 row["prompts"] += 1
                 row["identical"] += out.tokens == plain
         per_prompt.append(
-            {"workload": record["workload"], "tokens": len(plain), "seconds": seconds}
+            {
+                "workload": record["workload"],
+                "tokens": {
+                    name: len(out if name == "plain" else out.tokens)
+                    for name, out in outputs.items()
+                },
+                "seconds": seconds,
+            }
         )
 
     report = {

@@ -17,8 +17,10 @@ from draftsmith.decoding import (
     build_policy,
 )
 from draftsmith.decoding.policies import (
+    UNSIZED,
     AdaEDLPolicy,
     ConfidenceModulatedPolicy,
+    RequestSize,
     RoundOutcome,
     SpecDecPlusPlusPolicy,
     cost_aware,
@@ -407,10 +409,10 @@ def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_s
     policy = CostAwarePolicy(
         cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.5), recalibrate=False
     )
-    policy.start(prompt_lengths=[100], max_new_tokens=64)
+    policy.start(size=RequestSize((100,), 64))
     for n in range(12):
         _planned_round(policy, accepted=n % 2 == 0)
-    policy.start(prompt_lengths=[100], max_new_tokens=max_new_tokens)
+    policy.start(size=RequestSize((100,), max_new_tokens))
     assert policy.speculating == speculates
     for _ in range(0 if speculates else max_new_tokens):
         assert policy.shape().max_tokens == 0
@@ -681,12 +683,12 @@ class RecordingPolicy(CostAwarePolicy):
 
     def __post_init__(self) -> None:
         self.rounds: list[list[int | None]] = []
-        self.requests: list[tuple[list[int], int]] = []
+        self.requests: list[RequestSize] = []
         super().__post_init__()
 
-    def start(self, target=None, *, prompt_lengths=(), max_new_tokens=0) -> None:
-        self.requests.append((list(prompt_lengths), max_new_tokens))
-        super().start(target, prompt_lengths=prompt_lengths, max_new_tokens=max_new_tokens)
+    def start(self, target=None, size=UNSIZED) -> None:
+        self.requests.append(size)
+        super().start(target, size)
 
     def shape(self, rows: int = 1) -> TreeShape:
         self.rounds.append([rows, None])
@@ -706,7 +708,7 @@ def test_the_decoder_reports_each_batch_round_to_the_policy_at_once(llama):
         assert result.tokens == greedy_reference(llama, prompt, 12)
     assert policy.rounds[0] == [3, 3]
     assert all(rows == observed for rows, observed in policy.rounds)
-    assert policy.requests[-1] == ([3, 2, 4], 12)
+    assert policy.requests[-1] == RequestSize((3, 2, 4), 12)
 
 
 def test_cost_aware_falls_back_when_the_drafter_is_useless(llama):

@@ -10,7 +10,13 @@ import dataclasses
 from typing import Any
 
 from draftsmith.decoding.policies.adaedl import AdaEDLPolicy
-from draftsmith.decoding.policies.base import DraftPolicy, RoundOutcome, StopRule
+from draftsmith.decoding.policies.base import (
+    UNSIZED,
+    DraftPolicy,
+    RequestSize,
+    RoundOutcome,
+    StopRule,
+)
 from draftsmith.decoding.policies.cm_asd import ConfidenceModulatedPolicy
 from draftsmith.decoding.policies.cost_aware import CostAwarePolicy
 from draftsmith.decoding.policies.fixed import FixedPolicy
@@ -55,9 +61,11 @@ __all__ = [
     "CostAwarePolicy",
     "DraftPolicy",
     "FixedPolicy",
+    "RequestSize",
     "RoundOutcome",
     "SpecDecPlusPlusPolicy",
     "StopRule",
     "ThresholdPolicy",
+    "UNSIZED",
     "build_policy",
 ]

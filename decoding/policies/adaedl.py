@@ -4,12 +4,11 @@ threshold (AdaEDL, Agrawal et al. 2024, arXiv 2410.18351)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel
 
-from draftsmith.decoding.policies.base import DraftPolicy, RoundOutcome
+from draftsmith.decoding.policies.base import UNSIZED, DraftPolicy, RequestSize, RoundOutcome
 from draftsmith.heads.base import StopFn
 
 
@@ -51,13 +50,7 @@ class AdaEDLPolicy(DraftPolicy):
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         self.start()
 
-    def start(
-        self,
-        target: PreTrainedModel | None = None,
-        *,
-        prompt_lengths: Sequence[int] = (),
-        max_new_tokens: int = 0,
-    ) -> None:
+    def start(self, target: PreTrainedModel | None = None, size: RequestSize = UNSIZED) -> None:
         self.threshold = self.initial_threshold
         self._rate = self.target_acceptance
 

@@ -20,6 +20,23 @@ names; path_prob is the raw product of top-1 probabilities so far; plus `vocab_s
 distribution's size), acceptance its P(accept)."""
 
 
+@dataclass(frozen=True)
+class RequestSize:
+    """How much a request asks of the decoder, as a policy weighs it when the request opens."""
+
+    prompt_lengths: tuple[int, ...] = ()
+    """Prompt tokens of each row (empty: not said)."""
+    max_new_tokens: int = 0
+    """Most tokens each row generates (0: not said)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.prompt_lengths)
+
+
+UNSIZED = RequestSize()
+
+
 @dataclass
 class RoundOutcome:
     """What one draft-and-verify round cost and gave, as a policy learns from it."""
@@ -75,16 +92,9 @@ class DraftPolicy:
         """The largest draft this policy proposes in one round."""
         return self.tree or TreeShape.chain(self.max_draft_tokens)
 
-    def start(
-        self,
-        target: PreTrainedModel | None = None,
-        *,
-        prompt_lengths: Sequence[int] = (),
-        max_new_tokens: int = 0,
-    ) -> None:
-        """A new request for `target` begins, one row per prompt of `prompt_lengths` tokens, each
-        to generate up to `max_new_tokens` (empty, 0: not said): a policy resets its per-request
-        state here (and may measure what it needs of the target, once)."""
+    def start(self, target: PreTrainedModel | None = None, size: RequestSize = UNSIZED) -> None:
+        """A new request of `size` for `target` begins: a policy resets its per-request state
+        here (and may measure what it needs of the target, once)."""
 
     def shape(self, rows: int = 1) -> TreeShape:
         """The draft shape of this round, which opens it, for `rows` rows decoding together (each

@@ -15,7 +15,7 @@ from time import perf_counter
 
 from transformers import PreTrainedModel
 
-from draftsmith.decoding.policies.base import DraftPolicy, RoundOutcome
+from draftsmith.decoding.policies.base import UNSIZED, DraftPolicy, RequestSize, RoundOutcome
 from draftsmith.decoding.profile import CostCurve, profile_target
 from draftsmith.heads.base import Draft, StopFn, TreeNodes, TreeShape, TreeStopFn
 
@@ -292,24 +292,18 @@ class CostAwarePolicy(DraftPolicy):
         self._backoff = self.first_backoff
         self.start()
 
-    def start(
-        self,
-        target: PreTrainedModel | None = None,
-        *,
-        prompt_lengths: Sequence[int] = (),
-        max_new_tokens: int = 0,
-    ) -> None:
+    def start(self, target: PreTrainedModel | None = None, size: RequestSize = UNSIZED) -> None:
         """Open a request; decode it plainly where the drafter's reading of its prompts would
         cost more than speculation is expected to gain over its tokens (`_reading_pays`)."""
         if self.cost is None and target is not None:
             self.cost = _measure_cost(target, self.largest.max_tokens + 1)
-        if self.speculating and not self._reading_pays(sum(prompt_lengths), max_new_tokens):
-            self._fall_back(at_least=max_new_tokens)
+        if self.speculating and not self._reading_pays(size.prompt_tokens, size.max_new_tokens):
+            self._fall_back(at_least=size.max_new_tokens)
             self._gains.clear()  # the verdict is spent: the request after the stretch probes
         self._reset_speculation()
         self._budget = None
         self._drafted_before = False
-        self._prompt_tokens, self._first_round = sum(prompt_lengths), True
+        self._prompt_tokens, self._first_round = size.prompt_tokens, True
 
     def _reading_pays(self, prompt_tokens: int, new_tokens: int) -> bool:
         """Whether speculation is expected to gain, over `new_tokens` a row, more than the
