@@ -245,13 +245,14 @@ class FeatureDrafter(Drafter):
 
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
-        hidden = self._catch_up()
-        committed_rows = len(self._own)
-        if request.shape.is_chain:
-            draft = self._chain(hidden, DraftBuilder(request))
-        else:
-            tree = DynamicTree.for_request(request)
-            draft = self._tree(hidden, tree)
+        # Every head forward of the round, one-row chain steps included, on packed weights.
+        with small_rows(self.head):
+            hidden = self._catch_up()
+            committed_rows = len(self._own)
+            if request.shape.is_chain:
+                draft = self._chain(hidden, DraftBuilder(request))
+            else:
+                draft = self._tree(hidden, DynamicTree.for_request(request))
         # Rows built on predicted features go: accepted ones are rebuilt on real features.
         self._own.keep(committed_rows)
         return draft
@@ -273,9 +274,8 @@ class FeatureDrafter(Drafter):
             positions, visible = rows.add(nodes)
             tokens = [tree.tokens[n] for n in nodes]
             inputs = torch.stack([predicted[tree.parents[n]] for n in nodes])[None]
-            with small_rows(self.head, len(nodes)):
-                out = self.head.step(inputs, self._ids(tokens), positions, visible, self._own.kv)
-                logits = self._target_logits(out)
+            out = self.head.step(inputs, self._ids(tokens), positions, visible, self._own.kv)
+            logits = self._target_logits(out)
             self._own.extend(tokens)
             predicted.update({n: out[0, i] for i, n in enumerate(nodes)})
             return logits
@@ -289,9 +289,8 @@ class FeatureDrafter(Drafter):
         if start < stop:
             mask = causal_mask(stop - start, start)
             ids = self._ids(self._committed[start:stop])
-            with small_rows(self.head, stop - start):
-                fused = self.head.fuse(self._features.rows(start, stop))[None]
-                out = self.head.step(fused, ids, torch.arange(start, stop), mask, self._own.kv)
+            fused = self.head.fuse(self._features.rows(start, stop))[None]
+            out = self.head.step(fused, ids, torch.arange(start, stop), mask, self._own.kv)
             self._own.extend(self._committed[start:stop])
             self._features.release(stop)
             self._newest = out[:, -1:]

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import greedy_reference, perturbed_copy, tiny_model
+from head_helpers import build_head
 from torch import nn
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
@@ -108,6 +109,30 @@ def test_the_decoder_verifies_and_drafts_weight_first(monkeypatch):
         target, prompt, 12
     )
     assert any(shape[-2] > 1 for shape in calls)  # multi-token blocks ran weight-first
+
+
+def test_an_eagle_drafters_one_row_chain_steps_run_on_packed_weights(monkeypatch):
+    """Its catch-up over the committed rows and each one-row chain step after it (the head's
+    layer and its LM head) all run on the packed weights."""
+    packed = []  # (layer, rows) of each packed forward
+    forward = SmallRowsLinear.forward
+    monkeypatch.setattr(
+        SmallRowsLinear,
+        "forward",
+        lambda self, x: packed.append((self, x.shape[-2])) or forward(self, x),
+    )
+    target = tiny_model()
+    head = build_head("eagle3", target).eval()
+    decoder = SpeculativeDecoder(
+        target, head.as_drafter(target), policy=FixedPolicy(max_draft_tokens=3)
+    )
+    prompt = torch.tensor([1, 2, 3])
+    assert decoder.generate(prompt, max_new_tokens=12).tokens == greedy_reference(
+        target, prompt, 12
+    )
+    one_row = {layer for layer, rows in packed if rows == 1}
+    assert head.lm_head in one_row and head.fc in one_row
+    assert any(layer is head.midlayer.mlp.down_proj for layer in one_row)
 
 
 def test_a_decoder_and_its_draft_model_pack_their_weights_before_the_first_round(monkeypatch):
