@@ -15,8 +15,10 @@ calibration, small_rows=0 to run the linear layers as stock torch does (not on p
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. With --repeats N
 every prompt is decoded N times by every method, the methods' order rotating each time, and each
-method's fastest run counts (other work on a shared machine only ever adds time). Prints a table
-per workload and, with --json, writes every figure with the command line.
+method's fastest run counts (other work on a shared machine only ever adds time). Each ratio to
+plain comes with a 90% bootstrap interval over the workload's prompts: how far another draw of
+prompts (and of the machine's noise on each) could move it. Prints a table per workload and,
+with --json, writes every figure with the command line.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import time
 from collections import defaultdict
 
+import numpy as np
 import torch
 
 from draftsmith.commands.bench import AUTO_TREE, cost_curve, parse_options, parse_tree
@@ -123,18 +126,23 @@ def main() -> None:
         "repeats": args.repeats,
         "greedy": args.temperature == 0,
         "torch_threads": torch.get_num_threads(),
-        "workloads": {name: _summary(group, list(decoders)) for name, group in totals.items()},
+        "workloads": {
+            name: _summary(group, list(decoders), _prompts_of(per_prompt, name))
+            for name, group in totals.items()
+        },
         "prompts": per_prompt,
     }
     for workload, summary in report["workloads"].items():
         print(f"\n{workload} (plain {summary['plain_tok_s']:.2f} tok/s)")
         print(
-            f"{'policy':<34} {'tok/s':>7} {'vs plain':>8} {'vs first':>8} {'tau':>5} "
-            f"{'tau/first':>9} {'nodes':>6} {'identical':>9}"
+            f"{'policy':<34} {'tok/s':>7} {'vs plain':>8} {'90% interval':>12} {'vs first':>8} "
+            f"{'tau':>5} {'tau/first':>9} {'nodes':>6} {'identical':>9}"
         )
         for name, f in summary["policies"].items():
+            low, high = f["speedup_vs_plain_interval"]
             print(
                 f"{name:<34} {f['tok_s']:>7.2f} {f['speedup_vs_plain']:>7.2f}x "
+                f"{f'[{low:.2f}, {high:.2f}]':>12} "
                 f"{f['speedup_vs_first']:>7.2f}x {f['mean_accepted_length']:>5.2f} "
                 f"{f['tau_vs_first']:>8.2f}x {f['mean_draft_size']:>6.1f} "
                 f"{f['identical_prompts']:>5}/{f['prompts']}"
@@ -176,9 +184,27 @@ def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:
     return name, options
 
 
-def _summary(group: dict, policies: list[str]) -> dict:
-    """Per policy: tokens/s, ratios to plain and to the first policy, mean accepted length, mean
-    draft size, prompts identical to plain."""
+def _prompts_of(per_prompt: list[dict], workload: str) -> list[dict]:
+    return [p for p in per_prompt if workload in ("overall", p["workload"])]
+
+
+def speedup_interval(
+    prompts: list[dict], name: str, level: float = 0.9, resamples: int = 2000
+) -> tuple[float, float]:
+    """The `level` bootstrap interval of `name`'s speed over plain's (tokens over seconds, summed
+    over prompts), resampling the prompts: each a dict with per-method "tokens" and "seconds"."""
+    tokens = np.array([[p["tokens"][name], p["tokens"]["plain"]] for p in prompts], dtype=float)
+    seconds = np.array([[p["seconds"][name], p["seconds"]["plain"]] for p in prompts])
+    draws = np.random.default_rng(0).integers(0, len(prompts), (resamples, len(prompts)))
+    rates = tokens[draws].sum(1) / seconds[draws].sum(1)  # (resamples, 2)
+    ratios = rates[:, 0] / rates[:, 1]
+    tail = (1 - level) / 2
+    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+def _summary(group: dict, policies: list[str], prompts: list[dict]) -> dict:
+    """Per policy: tokens/s, ratios to plain (with its `speedup_interval` over `prompts`) and to
+    the first policy, mean accepted length, mean draft size, prompts identical to plain."""
     plain_rate = group["plain"]["tokens"] / group["plain"]["wall_s"]
     first = group[policies[0]]
     first_rate, first_tau = first["tokens"] / first["wall_s"], first["tokens"] / first["forwards"]
@@ -189,6 +215,7 @@ def _summary(group: dict, policies: list[str]) -> dict:
         figures[name] = {
             "tok_s": rate,
             "speedup_vs_plain": rate / plain_rate,
+            "speedup_vs_plain_interval": speedup_interval(prompts, name),
             "speedup_vs_first": rate / first_rate,
             "mean_accepted_length": tau,
             "tau_vs_first": tau / first_tau,
