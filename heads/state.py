@@ -82,8 +82,9 @@ class LaggedFeatures:
 
     def __init__(self, width: int) -> None:
         self.width = width
-        self._rows = torch.zeros(0, width)
-        self._first = 0  # the row held at self._rows[0]
+        self._buffer = torch.zeros(0, width)
+        self._start = self._end = 0  # the buffer's slots of the rows held
+        self._first = 0  # the row held at self._buffer[self._start]
 
     def start(self, features: torch.Tensor | None, num_tokens: int) -> None:
         """features (num_tokens - 1, F) of the prompt's tokens but the last, or None."""
@@ -95,7 +96,7 @@ class LaggedFeatures:
                 f"expected target features for the {num_tokens - 1} prompt tokens before the "
                 f"last, got {rows.shape[0] - 1}"
             )
-        self._rows, self._first = rows, 0
+        self._buffer, self._start, self._end, self._first = rows, 0, rows.shape[0], 0
 
     def append(self, features: torch.Tensor | None, num_tokens: int) -> None:
         """features (num_tokens, F): one per target position kept in the round."""
@@ -105,22 +106,37 @@ class LaggedFeatures:
                 f"this drafter reads target features: commit needs ({num_tokens}, {self.width}) "
                 f"features for {num_tokens} tokens, got {got}"
             )
-        self._rows = torch.cat([self._rows.to(features), features])
+        buffer = self._buffer
+        if (
+            self._end + num_tokens > buffer.shape[0]
+            or buffer.dtype != features.dtype
+            or buffer.device != features.device
+        ):
+            # Grown by doubling, so a round costs its own rows, not a copy of every row held
+            # (rows pile up while a policy decodes plainly and nothing reads them).
+            held = buffer[self._start : self._end]
+            size = max(2 * held.shape[0], held.shape[0] + num_tokens, 64)
+            self._buffer = features.new_empty(size, self.width)
+            self._buffer[: held.shape[0]] = held
+            self._start, self._end = 0, held.shape[0]
+        self._buffer[self._end : self._end + num_tokens] = features
+        self._end += num_tokens
 
     def __len__(self) -> int:
         """Rows known: the number of committed tokens."""
-        return self._first + self._rows.shape[0]
+        return self._first + self._end - self._start
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """(stop - start, F) the features read by rows start .. stop - 1."""
         if start < self._first or stop > len(self):
             raise IndexError(f"rows {start}..{stop} are outside {self._first}..{len(self)}")
-        return self._rows[start - self._first : stop - self._first]
+        offset = self._start - self._first
+        return self._buffer[offset + start : offset + stop]
 
     def release(self, before: int) -> None:
         """Forget the rows before `before`: they will not be read again."""
-        drop = min(max(before - self._first, 0), self._rows.shape[0])
-        self._rows, self._first = self._rows[drop:], self._first + drop
+        drop = min(max(before - self._first, 0), self._end - self._start)
+        self._start, self._first = self._start + drop, self._first + drop
 
 
 class DraftBuilder:

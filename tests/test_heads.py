@@ -17,6 +17,7 @@ from draftsmith.core.target import TargetBatch
 from draftsmith.heads import DraftHead, EagleConfig, MedusaConfig, build_draft_vocab, head_config
 from draftsmith.heads import build_head as build_kind
 from draftsmith.heads.blocks import causal_mask
+from draftsmith.heads.state import LaggedFeatures
 
 
 @pytest.fixture(scope="module")
@@ -446,3 +447,26 @@ def test_reduced_vocab_puts_q_on_the_target_vocabulary(name, trained):
     torch.testing.assert_close(draft.probs.sum(-1), torch.ones(len(draft)))
     assert torch.isin(draft.tokens, d2t).all()
     assert torch.all(draft.logits[:, outside] == float("-inf"))
+
+
+def test_lagged_features_keep_every_committed_rows_feature_through_growth_and_release():
+    """Rows appended a round at a time (past the buffer's first size, and in a new dtype) read
+    back what a list of them holds; released rows are refused."""
+    features = LaggedFeatures(3)
+    prompt = torch.randn(4, 3)
+    features.start(prompt, 5)
+    held = [torch.zeros(3), *prompt]
+    for size in (1, 3, 70, 2, 130):
+        new = torch.randn(size, 3)
+        features.append(new, size)
+        held.extend(new)
+        if size == 3:
+            features.release(len(held) - 2)
+    features.append(torch.randn(2, 3).double(), 2)
+    assert len(features) == len(held) + 2
+    torch.testing.assert_close(features.rows(10, len(held)), torch.stack(held[10:]).double())
+    assert features.rows(len(held), len(held) + 2).dtype == torch.float64
+    with pytest.raises(IndexError, match="outside"):
+        features.rows(6, 8)  # released after the second round
+    with pytest.raises(ValueError, match="commit needs"):
+        features.append(torch.randn(1, 3), 2)
