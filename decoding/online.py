@@ -54,8 +54,14 @@ def round_outcomes(
     """The nodes whose fate a verified round revealed, with their signals and labels.
 
     A node is observed when the target judged it: its parent is the root or on the accepted path.
-    Of those, only nodes whose token is the argmax of their own draft distribution count, since
-    the calibrated probability is P(the target accepts the top-1 token).
+    Of those, what counts is what the policy asks the acceptance model of the token it drafts:
+    - chosen deterministically (`Draft.probs` None): nodes whose token is the argmax of their own
+      draft distribution, P(the target accepts the top-1 token);
+    - sampled: each judged node's first child in draft order, P(the token drawn from q is
+      accepted). A later sibling is only tried after its elder ones were rejected, against
+      what they left of p; the argmax filter would keep the sampled tokens that happened to be
+      the top-1, which are accepted more often than a sample (an acceptance the policy then
+      overrates at temperature > 0).
 
     Returns:
         signals: `draft_signals` restricted to the m observed nodes, each (m,), in node order.
@@ -66,12 +72,24 @@ def round_outcomes(
     on_path[list(accepted_path)] = True
     parents = draft.parents.cpu()
     judged = (parents < 0) | on_path[parents.clamp_min(0)]
-    logits = draft.logits.cpu()
-    own = logits.gather(1, draft.tokens.cpu()[:, None]).squeeze(1)
-    top1 = own >= logits.max(dim=-1).values
-    nodes = torch.nonzero(judged & top1).flatten()
+    if draft.probs is None:
+        logits = draft.logits.cpu()
+        own = logits.gather(1, draft.tokens.cpu()[:, None]).squeeze(1)
+        counted = own >= logits.max(dim=-1).values
+    else:
+        counted = torch.zeros(len(draft), dtype=torch.bool)
+        counted[_first_children(parents.tolist())] = True
+    nodes = torch.nonzero(judged & counted).flatten()
     observed = {name: value[nodes.to(value.device)] for name, value in signals.items()}
     return observed, on_path[nodes].float()
+
+
+def _first_children(parents: list[int]) -> list[int]:
+    """Each parent's first child in node order."""
+    first: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        first.setdefault(parent, node)
+    return list(first.values())
 
 
 class OnlineAcceptance:

@@ -4,6 +4,8 @@ a known logit shift."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -176,3 +178,20 @@ def test_round_outcomes_on_a_tree():
 def test_signals_need_logits():
     with pytest.raises(ValueError, match="no logits"):
         draft_signals(Draft(tokens=torch.tensor([1, 2])))
+
+
+def test_round_outcomes_of_a_sampled_draft_count_the_first_child_of_each_judged_node():
+    """A sampled token counts whether or not it is its distribution's argmax; a later sibling,
+    tried only after its elder one was rejected, does not."""
+    tree = _tree()
+    sampled = replace(tree, probs=torch.softmax(tree.logits, -1))
+    signals, accepted = round_outcomes(sampled, [1, 5])
+    # Judged: 0 and 1 (the root's children) and 5 (under accepted 1); of those, first children
+    # 0 and 5. Node 1 was only tried once 0 was rejected.
+    torch.testing.assert_close(accepted, torch.tensor([0.0, 1.0]))
+    torch.testing.assert_close(signals["position"], torch.tensor([0.0, 1.0]))
+    chain = Draft(tokens=torch.tensor([0, 0]), logits=tree.logits[[0, 2]])
+    chain = replace(chain, probs=torch.softmax(chain.logits, -1))  # neither token is the argmax
+    _, accepted = round_outcomes(chain, [0])
+    torch.testing.assert_close(accepted, torch.tensor([1.0, 0.0]))
+    assert round_outcomes(replace(chain, probs=None), [0])[1].numel() == 0
