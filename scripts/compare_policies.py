@@ -42,16 +42,7 @@ from draftsmith.decoding.benchmark import load_prompts
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", required=True)
-    parser.add_argument("--prompts", required=True)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policy", action="append", required=True, help="NAME[:KEY=VALUE,...]")
-    parser.add_argument("--limit", type=int)
+    add_run_arguments(parser)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -182,6 +173,20 @@ def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:
     if name == "cost-aware":
         options["cost"] = cost_curve(target, target_name)
     return name, options
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The target, drafter, prompts, decoding and --policy options of a side-by-side run."""
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policy", action="append", required=True, help="NAME[:KEY=VALUE,...]")
+    parser.add_argument("--limit", type=int)
 
 
 def _prompts_of(per_prompt: list[dict], workload: str) -> list[dict]:

@@ -129,20 +129,11 @@ def lockstep(decoder, target, ids, max_new: int, sampling: SamplingParams, seed:
 
 
 def main() -> None:
+    helpers = _compare_policies()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", required=True)
-    parser.add_argument("--prompts", required=True)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policy", action="append", required=True, help="NAME[:KEY=VALUE,...]")
-    parser.add_argument("--limit", type=int)
+    helpers.add_run_arguments(parser)
     parser.add_argument("--json")
     args = parser.parse_args()
-    helpers = _compare_policies()
 
     target, tokenizer = load_model(args.target, dtype=args.dtype)
     small_rows.prepack(target)
