@@ -8,7 +8,8 @@ Face assisted generation decodes one sequence only, so it is not run (the report
 Hugging Face counterpart (empty `hf_assist`, e.g. a trained head) skips assisted generation and
 reports its figures as null ("-" in the table). A greedy divergence from plain `generate` is
 re-scored with a float32 copy of the target and called rounding only where the two tokens are a
-near-tie within the run's own measured error there (`judge_divergence`).
+near-tie within the run's own measured error there (`judge_divergence`), the error measured over
+the forward shapes the two decoders compute that position in (`RESCORE_BLOCKS`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from draftsmith.core.cache import cache_argument
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding.decoder import (
     GenerationResult,
@@ -37,6 +39,11 @@ from draftsmith.decoding.decoder import (
 )
 
 logger = logging.getLogger(__name__)
+
+RESCORE_BLOCKS = (1, 2, 4, 8, 16, 32, 65)
+"""Block sizes a diverging position is re-run in. Plain `generate` computes a position in a
+one-row step, draftsmith in a verification block of up to 65 rows (a tree's most), and a bf16
+kernel rounds differently for each block size: the run's error there is the largest over them."""
 
 FLOAT32_ULPS = 8
 """The float32 reference resolves two logits no finer than this many float32 ulps. In a float32
@@ -347,10 +354,14 @@ class Benchmark:
         if position == min(len(plain.tokens), len(ours.tokens)):
             # One output stops where the other goes on: no pair of tokens for rounding to explain.
             return {**found, "plain_token": None, "draftsmith_token": None, "explained": False}
-        prefix = torch.cat([ids, torch.tensor(plain.tokens[:position])]).to(self.target.device)
-        run_logits = self._next_logits(self.target, prefix)
-        reference = run_logits
-        if self.dtype != torch.float32:
+        device = self.target.device
+        prefix = torch.cat([ids, torch.tensor(plain.tokens[:position])]).to(device)
+        after = torch.tensor(plain.tokens[position:], dtype=torch.long, device=device)
+        if self.dtype == torch.float32:
+            run_logits = self._next_logits(self.target, prefix)[None]
+            reference = run_logits[0]
+        else:
+            run_logits = self._next_logits_by_shape(self.target, prefix, after)
             reference = self._next_logits(self._float32_target(), prefix)
         return {
             **found,
@@ -374,6 +385,32 @@ class Benchmark:
         """The next-token logits (V,) after prefix (T,), from one cache-free forward."""
         return model(input_ids=prefix[None], use_cache=False).logits[0, -1]
 
+    @classmethod
+    def _next_logits_by_shape(
+        cls, model: PreTrainedModel, prefix: torch.Tensor, after: torch.Tensor
+    ) -> torch.Tensor:
+        """The next-token logits after prefix (T,) as differently shaped forwards compute them
+        (S, V): cache-free, then for each of `RESCORE_BLOCKS` (m rows) the prefix's last token
+        as the first row of a block continued by `after` (plain's next tokens), and as the last
+        row of a block of prefix's last m tokens, each over a cache of the rest."""
+        rows = [cls._next_logits(model, prefix)]
+        for m in RESCORE_BLOCKS:
+            if prefix.numel() > 1 and m - 1 <= after.numel():
+                first = torch.cat([prefix[-1:], after[: m - 1]])
+                rows.append(cls._cached_block_logits(model, prefix[:-1], first)[0])
+            if 1 < m < prefix.numel():
+                rows.append(cls._cached_block_logits(model, prefix[:-m], prefix[-m:])[-1])
+        return torch.stack(rows)
+
+    @staticmethod
+    def _cached_block_logits(
+        model: PreTrainedModel, cached: torch.Tensor, block: torch.Tensor
+    ) -> torch.Tensor:
+        """The logits (m, V) of block (m,) run as one forward over a cache of cached (T,)."""
+        past = model(input_ids=cached[None], use_cache=True).past_key_values
+        cache = {cache_argument(model): past}
+        return model(input_ids=block[None], use_cache=True, **cache).logits[0]
+
 
 def judge_divergence(
     run_logits: torch.Tensor, reference: torch.Tensor, plain_token: int, our_token: int
@@ -381,23 +418,30 @@ def judge_divergence(
     """Whether the run's precision explains picking our_token where plain `generate` picked
     plain_token.
 
-    run_logits (V,) are the target's next-token logits at the diverging position in the run's
-    dtype, reference (V,) the same from float32. The divergence is rounding when the two tokens are
-    a near-tie the run cannot resolve: their float32 gap is within the run's error on them there
-    (|run - float32| of each, measured on a cache-free forward, which rounds like the cached
-    forwards that diverged though not identically) plus FLOAT32_ULPS of the reference's own
-    rounding. Gaps are plain's token minus ours.
+    run_logits (S, V) are the target's next-token logits at the diverging position in the run's
+    dtype, as S differently shaped forwards compute it (`Benchmark._next_logits_by_shape`; the
+    first a cache-free one), or (V,) from one; reference (V,) the same from float32. The
+    divergence is rounding when the two tokens are a near-tie the run cannot resolve: their float32
+    gap is within the run's error on them there (the largest over the shapes of |run - float32|
+    summed over the pair: the forwards that diverged round like some of these, though not
+    identically) plus FLOAT32_ULPS of the reference's own rounding. Gaps are plain's token minus
+    ours; run_gap is the first shape's, run_gaps every shape's.
     """
     pair = torch.tensor([plain_token, our_token], device=run_logits.device)
     # float64 holds every bfloat16 and float32 value and their differences exactly.
-    run, ref = run_logits[pair].double(), reference[pair].double()
-    run_error = float((run - ref).abs().sum())
+    run, ref = (
+        run_logits.reshape(-1, run_logits.shape[-1])[:, pair].double(),
+        reference[pair].double(),
+    )
+    run_error = float((run - ref).abs().sum(dim=-1).max())
     top = reference[pair].abs().max()
     ulp = float(torch.nextafter(top, torch.full_like(top, torch.inf)) - top)
     tolerance = run_error + FLOAT32_ULPS * ulp
     float32_gap = float(ref[0] - ref[1])
+    run_gaps = (run[:, 0] - run[:, 1]).tolist()
     return {
-        "run_gap": float(run[0] - run[1]),
+        "run_gap": run_gaps[0],
+        "run_gaps": run_gaps,
         "float32_gap": float32_gap,
         "run_error": run_error,
         "tolerance": tolerance,
@@ -450,4 +494,6 @@ def format_divergence(d: dict) -> str:
         f"{head}, plain token {d['plain_token']} vs draftsmith {d['draftsmith_token']}: "
         f"float32 gap {d['float32_gap']:.4f} (tolerance {d['tolerance']:.4f}: {dtype} error "
         f"{d['run_error']:.4f} + {FLOAT32_ULPS} float32 ulps), {dtype} gap {d['run_gap']:.4f}"
+        f" ({min(d['run_gaps']):.4f} to {max(d['run_gaps']):.4f} over {len(d['run_gaps'])} forward"
+        " shapes)"
     )
