@@ -636,28 +636,6 @@ def test_a_trees_drafting_is_fitted_on_the_depths_it_grew(monkeypatch):
     assert policy._draft_cost.per_step == pytest.approx(0.3)
 
 
-def test_rows_drafting_together_share_each_drafter_step():
-    """Fitted on one row, a drafter step costs 0.6 s against a 1 s forward of any width. At 4
-    rows a plain step gives each row a token per 0.25 s: no chain pays if each row pays a whole
-    step, one does at a quarter of it, which is what 4 rows drafting in one forward pay. Then
-    the 4 rows' cost is fitted on their own rounds, and the one row's is kept."""
-    policy = CostAwarePolicy(
-        cost=_curve([1.0] * 40), acceptance=ConstantCalibrator(0.9), recalibrate=False
-    )
-    _fit_drafting(policy, 0.6)
-    assert policy._draft_cost.per_step == pytest.approx(0.6)
-    assert policy.shape(rows=4).max_tokens > 0
-    assert policy._draft_cost.per_step == pytest.approx(0.15)
-    for steps in (1, 2, 6, 2, 6, 2, 6):  # each row drafts `steps` tokens, 0.2 s a step for all
-        policy.shape(rows=4)
-        for _ in range(4):
-            policy.trim(Draft(tokens=torch.arange(steps)))
-        policy.observe_round(_batch_round([steps + 1] * 4, [steps] * 4, 0.2 * steps, 1.2 * steps))
-    assert policy._draft_cost.per_step == pytest.approx(0.05, rel=0.1)
-    policy.shape(rows=1)
-    assert policy._draft_cost.per_step == pytest.approx(0.6)
-
-
 def test_cost_aware_cuts_each_rows_tree_to_its_share_of_the_batch_forward():
     draft = Draft(tokens=torch.arange(4), values=torch.tensor([0.9, 0.8, 0.7, 0.6]))
     policy = CostAwarePolicy(tree=TreeShape(top_k=4, depth=4, total_tokens=16), cost=_SATURATING)

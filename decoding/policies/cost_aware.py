@@ -55,13 +55,6 @@ class _RecentMedian:
             self._values.popleft()
         self.value = statistics.median(self._values)
 
-    def scaled(self, factor: float) -> _RecentMedian:
-        """A copy with every value times factor."""
-        copy = _RecentMedian(self.size)
-        for x in self._values:
-            copy.add(x * factor)
-        return copy
-
 
 @dataclass
 class _DraftCost:
@@ -84,14 +77,6 @@ class _DraftCost:
         keep = 1 - self.weight
         for i, x in enumerate((n, seconds, n * n, n * seconds, 1.0)):
             self._moments[i] = keep * self._moments[i] + self.weight * x
-
-    def scaled(self, factor: float) -> _DraftCost:
-        """A copy with every second times factor (fixed and per_step scale with them)."""
-        copy = _DraftCost(self.weight)
-        n, seconds, nn, ns, count = self._moments
-        copy._moments = [n, seconds * factor, nn, ns * factor, count]
-        copy._step = self._step.scaled(factor)
-        return copy
 
     def add_step(self, seconds: float) -> None:
         """One drafter step's seconds: from one drafted token of a chain (or depth of a tree) to
@@ -224,8 +209,7 @@ class CostAwarePolicy(DraftPolicy):
     """Most rounds between two that verify one token (the next is a plain step when none did),
     and between two that verify more (the next keeps a drafted token when none did), so both
     costs stay measured."""
-    _draft_costs: dict[int, _DraftCost] = field(default_factory=dict, init=False, repr=False)
-    """Per number of rows decoding together, a row's drafting cost (`_draft_cost`)."""
+    _draft_cost: _DraftCost = field(init=False, repr=False)
     _scale: _RecentMedian = field(init=False, repr=False)
     """Seconds of verification now per second of the profiled curve, on the rounds that verified
     two tokens or more."""
@@ -300,6 +284,7 @@ class CostAwarePolicy(DraftPolicy):
             raise ValueError(f"refresh_rounds must be >= 1, got {self.refresh_rounds}")
         # Machine costs, and whether and how long speculation has been losing, carry over
         # between requests.
+        self._draft_cost = _DraftCost(self.smoothing)
         self._scale = _RecentMedian(self.timed_rounds)
         self._any_scale = _RecentMedian(self.timed_rounds)
         self._one_token = _RecentMedian(self.timed_rounds)
@@ -353,26 +338,6 @@ class CostAwarePolicy(DraftPolicy):
         top_k = min(shape.top_k, self._budget)
         return TreeShape(top_k=top_k, depth=shape.depth, total_tokens=shape.total_tokens)
 
-    @property
-    def _draft_cost(self) -> _DraftCost:
-        """A row's drafting cost at this round's number of rows. Rows that draft together share
-        each drafter step, so a row's share of it depends on the rows: each number of rows
-        fits its own, starting from the nearest one fitted, its seconds scaled by the rows'
-        ratio (a step over several rows taken to cost what one row's does, as batched drafting
-        on packed weights or an accelerator nearly does). A start that is too cheap drafts, and
-        the rounds then fit the real cost (or the verdicts fall back); one too dear would never
-        draft to find out."""
-        cost = self._draft_costs.get(self._rows)
-        if cost is None:
-            nearest = min(self._draft_costs, key=lambda rows: abs(rows - self._rows), default=None)
-            cost = (
-                _DraftCost(self.smoothing)
-                if nearest is None
-                else self._draft_costs[nearest].scaled(nearest / self._rows)
-            )
-            self._draft_costs[self._rows] = cost
-        return cost
-
     def _one_token_unmeasured(self) -> bool:
         """Whether this round must be a plain step to measure the one-token cost: speculative
         rounds have set the curve's scale, and none of the last `refresh_rounds` rounds (or none
@@ -407,9 +372,7 @@ class CostAwarePolicy(DraftPolicy):
         def no_longer_draft_pays(position: int, _: dict[str, float], acceptance: float) -> bool:
             nonlocal path, expected, last_token_at
             now_at = perf_counter()
-            # Between two of one row's steps in a batch lie the other rows' too: a row's share
-            # of a step is timed on whole rounds there (`observe_round`).
-            if last_token_at is not None and self._rows == 1:
+            if last_token_at is not None:
                 self._draft_cost.add_step(now_at - last_token_at)
             last_token_at = now_at
             step_s = self._draft_cost.per_step
@@ -441,7 +404,7 @@ class CostAwarePolicy(DraftPolicy):
         def no_deeper_tree_pays(depth: int, nodes: TreeNodes) -> bool:
             nonlocal last_depth_at
             now_at = perf_counter()
-            if last_depth_at is not None and self._rows == 1:
+            if last_depth_at is not None:
                 self._draft_cost.add_step(now_at - last_depth_at)
             last_depth_at = now_at
             grown[0] = depth
