@@ -4,6 +4,7 @@ and greedy identity whatever a policy decides."""
 from __future__ import annotations
 
 import itertools
+import logging
 
 import pytest
 import torch
@@ -274,7 +275,7 @@ def _plain_step_timed(policy: CostAwarePolicy, round_s: float = 1.0, rows: int =
     policy.observe_round(_batch_round([1] * rows, [0] * rows, draft_s=0.0, round_s=round_s))
 
 
-def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
+def test_cost_aware_falls_back_to_plain_decoding_and_probes_again(caplog):
     # A budget that any probe's loss fits: the doubling alone sets the plain stretches.
     policy = CostAwarePolicy(
         cost=_curve([1.0] * 10), patience=0.15, first_backoff=2, probe_budget=1.0
@@ -283,9 +284,14 @@ def test_cost_aware_falls_back_to_plain_decoding_and_probes_again():
     # the second such round has lost more than 0.15 of a plain step.
     losing = _round(committed=1, round_s=1.1)
     plain_step = RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0)
-    for _ in range(2):
-        assert policy.shape().max_tokens > 0
-        policy.observe(losing)
+    with caplog.at_level(logging.INFO, logger="draftsmith.decoding.policies.cost_aware"):
+        for _ in range(2):
+            assert policy.shape().max_tokens > 0
+            policy.observe(losing)
+    # Each fallback says what the probe lost and how long the plain stretch is.
+    assert [r.getMessage() for r in caplog.records] == [
+        "speculation slower than plain decoding (the probe lost 0.20 s net): 2 plain rounds"
+    ]
     assert policy.shape().max_tokens == 0 and not policy.speculating
     policy.observe(plain_step)
     for _ in range(1):  # the rest of the plain stretch

@@ -612,6 +612,11 @@ class CostAwarePolicy(DraftPolicy):
         plain_round_s = self.round_verify_s(1)
         paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * plain_round_s))
         self._plain_left = max(self._backoff, paid_for, at_least)
+        logger.info(
+            "speculation slower than plain decoding (the probe lost %.2f s net): %d plain rounds",
+            self._spec_lost_s,
+            self._plain_left,
+        )
         self._backoff = min(2 * self._backoff, self.max_backoff)
         self._reset_speculation()
 
