@@ -404,7 +404,7 @@ def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_s
 
 @pytest.mark.parametrize(("max_new_tokens", "speculates"), [(2, False), (10, True)])
 def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_speculation_gains(
-    monkeypatch, max_new_tokens, speculates
+    monkeypatch, caplog, max_new_tokens, speculates
 ):
     """The drafter read the last request's 100-token prompt in 0.3 s; since then each round was
     expected to commit 1.5 tokens for 1.3 s (plain: 1 s a token), about 0.12 s gained a token
@@ -418,8 +418,12 @@ def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_s
     policy.start(size=RequestSize((100,), 64))
     for n in range(12):
         _planned_round(policy, accepted=n % 2 == 0)
-    policy.start(size=RequestSize((100,), max_new_tokens))
+    with caplog.at_level(logging.INFO, logger="draftsmith.decoding.policies.cost_aware"):
+        policy.start(size=RequestSize((100,), max_new_tokens))
     assert policy.speculating == speculates
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == (0 if speculates else 1)
+    assert all(m.startswith("reading the prompt would cost more") for m in said)
     for _ in range(0 if speculates else max_new_tokens):
         assert policy.shape().max_tokens == 0
         policy.observe(RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0))

@@ -298,7 +298,10 @@ class CostAwarePolicy(DraftPolicy):
         if self.cost is None and target is not None:
             self.cost = _measure_cost(target, self.largest.max_tokens + 1)
         if self.speculating and not self._reading_pays(size.prompt_tokens, size.max_new_tokens):
-            self._fall_back(at_least=size.max_new_tokens)
+            self._fall_back(
+                at_least=size.max_new_tokens,
+                why="reading the prompt would cost more than speculation is expected to gain",
+            )
             self._gains.clear()  # the verdict is spent: the request after the stretch probes
         self._reset_speculation()
         self._budget = None
@@ -604,16 +607,19 @@ class CostAwarePolicy(DraftPolicy):
             return
         self._fall_back()
 
-    def _fall_back(self, at_least: int = 0) -> None:
+    def _fall_back(
+        self, at_least: int = 0, why: str = "speculation slower than plain decoding"
+    ) -> None:
         """Speculation is slower than plain decoding: decode plainly for a while (at least
-        `at_least` rounds), then probe afresh."""
+        `at_least` rounds), then probe afresh; logged at INFO with `why`."""
         if self._spec_lost_s <= 0:  # it paid until now: the workload changed, not the drafter
             self._backoff = self.first_backoff
         plain_round_s = self.round_verify_s(1)
         paid_for = math.ceil(self._spec_lost_s / (self.probe_budget * plain_round_s))
         self._plain_left = max(self._backoff, paid_for, at_least)
         logger.info(
-            "speculation slower than plain decoding (the probe lost %.2f s net): %d plain rounds",
+            "%s (the probe lost %.2f s net): %d plain rounds",
+            why,
             self._spec_lost_s,
             self._plain_left,
         )
