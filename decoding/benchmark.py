@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from draftsmith.core.cache import cache_argument
+from draftsmith.core.cache import cache_argument, crop_cache
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding.decoder import (
     GenerationResult,
@@ -392,24 +392,29 @@ class Benchmark:
         """The next-token logits after prefix (T,) as differently shaped forwards compute them
         (S, V): cache-free, then for each of `RESCORE_BLOCKS` (m rows) the prefix's last token
         as the first row of a block continued by `after` (plain's next tokens), and as the last
-        row of a block of prefix's last m tokens, each over a cache of the rest."""
+        row of a block of prefix's last m tokens, each over a cache of the rest: one prefill,
+        cropped to each block's start (the shrinking caches come last)."""
         rows = [cls._next_logits(model, prefix)]
-        for m in RESCORE_BLOCKS:
-            if prefix.numel() > 1 and m - 1 <= after.numel():
-                first = torch.cat([prefix[-1:], after[: m - 1]])
-                rows.append(cls._cached_block_logits(model, prefix[:-1], first)[0])
-            if 1 < m < prefix.numel():
-                rows.append(cls._cached_block_logits(model, prefix[:-m], prefix[-m:])[-1])
-        return torch.stack(rows)
+        if prefix.numel() < 2:
+            return torch.stack(rows)
+        argument = cache_argument(model)
+        cache = model(input_ids=prefix[None, :-1], use_cache=True).past_key_values
 
-    @staticmethod
-    def _cached_block_logits(
-        model: PreTrainedModel, cached: torch.Tensor, block: torch.Tensor
-    ) -> torch.Tensor:
-        """The logits (m, V) of block (m,) run as one forward over a cache of cached (T,)."""
-        past = model(input_ids=cached[None], use_cache=True).past_key_values
-        cache = {cache_argument(model): past}
-        return model(input_ids=block[None], use_cache=True, **cache).logits[0]
+        def block_logits(block: torch.Tensor) -> torch.Tensor:
+            """The logits (m, V) of block (m,) after the cache, which then drops it again."""
+            cached = cache.get_seq_length()
+            logits = model(input_ids=block[None], use_cache=True, **{argument: cache}).logits[0]
+            crop_cache(cache, cached)
+            return logits
+
+        for m in RESCORE_BLOCKS:
+            if m - 1 <= after.numel():
+                rows.append(block_logits(torch.cat([prefix[-1:], after[: m - 1]]))[0])
+        for m in RESCORE_BLOCKS:
+            if 1 < m < prefix.numel():
+                crop_cache(cache, prefix.numel() - m)
+                rows.append(block_logits(prefix[-m:])[-1])
+        return torch.stack(rows)
 
 
 def judge_divergence(
