@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 RESCORE_BLOCKS = (1, 2, 4, 8, 16, 32, 65)
 """Block sizes a diverging position is re-run in. Plain `generate` computes a position in a
 one-row step, draftsmith in a verification block of up to 65 rows (a tree's most), and a bf16
-kernel rounds differently for each block size: the run's error there is the largest over them."""
+kernel rounds differently for each block size: the run's error there is the largest over them.
+A prompt decoded in a batch is re-run in blocks of these sizes as its row of that batch too."""
 
 FLOAT32_ULPS = 8
 """The float32 reference resolves two logits no finer than this many float32 ulps. In a float32
@@ -250,14 +251,15 @@ class Benchmark:
         outs = self._ours(batch, self.max_new_tokens)
         wall_s = (time.perf_counter() - started) / len(batch)
         results = []
-        for index, workload, ids, plain_run, hf_run, out in zip(
-            indices, workloads, batch, plain, hf, outs, strict=True
+        for row, (index, workload, ids, plain_run, hf_run, out) in enumerate(
+            zip(indices, workloads, batch, plain, hf, outs, strict=True)
         ):
             ours = PromptRun(out.tokens, wall_s)
             result = PromptResult(index, workload, plain_run, hf_run, ours, out.stats, out.lossy)
             # A lossy verifier's departures are its own doing, measured by the exact-match rate.
             if self.greedy and ours.tokens != plain_run.tokens and not out.lossy:
-                result.divergence = self._divergence(index, ids, plain_run, ours)
+                batched = _Batched(batch, plain, row) if len(batch) > 1 else None
+                result.divergence = self._divergence(index, ids, plain_run, ours, batched)
             results.append(result)
         return results
 
@@ -339,12 +341,20 @@ class Benchmark:
         return PromptRun(out[0, ids.numel() :].tolist(), time.perf_counter() - started)
 
     @torch.inference_mode()
-    def _divergence(self, index: int, ids: torch.Tensor, plain: PromptRun, ours: PromptRun) -> dict:
+    def _divergence(
+        self,
+        index: int,
+        ids: torch.Tensor,
+        plain: PromptRun,
+        ours: PromptRun,
+        batched: _Batched | None = None,
+    ) -> dict:
         """Re-score the first diverging position in float32 and judge it with `judge_divergence`.
 
         ids (T,) is the prompt. Both runs saw the same prefix there (the prompt and the tokens they
         share), so one cache-free forward over it in the run's dtype and one in float32 give the
-        run's logits and the reference's at that position.
+        run's logits and the reference's at that position. A prompt decoded in a batch (`batched`)
+        is also re-run as its row of that batch, in the run's dtype.
         """
         position = next(
             (i for i, (a, b) in enumerate(zip(plain.tokens, ours.tokens, strict=False)) if a != b),
@@ -362,6 +372,11 @@ class Benchmark:
             reference = run_logits[0]
         else:
             run_logits = self._next_logits_by_shape(self.target, prefix, after)
+            if batched is not None:
+                in_batch = self._next_logits_in_batch(
+                    self.target, batched.prefixes(position, self._pad_id()), batched.row
+                )
+                run_logits = torch.cat([run_logits, in_batch])
             reference = self._next_logits(self._float32_target(), prefix)
         return {
             **found,
@@ -415,6 +430,65 @@ class Benchmark:
                 crop_cache(cache, prefix.numel() - m)
                 rows.append(block_logits(prefix[-m:])[-1])
         return torch.stack(rows)
+
+    @staticmethod
+    def _next_logits_in_batch(
+        model: PreTrainedModel, prefixes: list[torch.Tensor], row: int
+    ) -> torch.Tensor:
+        """Row `row`'s next-token logits (S, V) when prefixes (one (T_b,) per batch row) run
+        together, left-padded as plain batched `generate` pads them: for each of
+        `RESCORE_BLOCKS` (m) shorter than every prefix, the rows' last m tokens as one block over
+        a cache of the rest (m = 1 is plain's own step; wider blocks stand for a batched
+        verification's). One prefill, cropped to each block's start."""
+        width = max(p.numel() for p in prefixes)
+        ids = torch.zeros(len(prefixes), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(prefixes):
+            ids[b, width - p.numel() :] = p
+            mask[b, width - p.numel() :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        ids, mask, positions = (x.to(model.device) for x in (ids, mask, positions))
+        blocks = [m for m in RESCORE_BLOCKS if m < min(p.numel() for p in prefixes)]
+        cache = model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+        ).past_key_values
+        argument = cache_argument(model)
+        rows = []
+        for m in blocks:
+            crop_cache(cache, width - m)
+            logits = model(
+                input_ids=ids[:, -m:],
+                attention_mask=mask,
+                position_ids=positions[:, -m:],
+                use_cache=True,
+                **{argument: cache},
+            ).logits
+            rows.append(logits[row, -1])
+        return torch.stack(rows)
+
+    def _pad_id(self) -> int:
+        return self._hf_kwargs()["pad_token_id"] or 0
+
+
+@dataclass
+class _Batched:
+    """The batch a diverging prompt was decoded in: every row's prompt (T_b,) and plain output."""
+
+    prompts: list[torch.Tensor]
+    plain: list[PromptRun]
+    row: int
+    """The diverging prompt's row."""
+
+    def prefixes(self, position: int, pad: int) -> list[torch.Tensor]:
+        """Each row's prompt and its first `position` plain tokens, as plain batched `generate`
+        held them when it computed that position (a row that had finished, padding after)."""
+        return [
+            torch.cat([ids, torch.tensor((run.tokens + [pad] * position)[:position])])
+            for ids, run in zip(self.prompts, self.plain, strict=True)
+        ]
 
 
 def judge_divergence(

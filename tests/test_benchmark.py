@@ -152,6 +152,9 @@ class SwapDecoder:
         tokens = self.outputs[tuple(ids.tolist())][:max_new_tokens]
         return GenerationResult(tokens=tokens, text=None, stats=GenerationStats())
 
+    def generate_batch(self, prompts, max_new_tokens, **_) -> list[GenerationResult]:
+        return [self.generate(ids, max_new_tokens) for ids in prompts]
+
 
 def greedy(model, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
     out = model.generate(
@@ -232,6 +235,39 @@ def test_divergences_are_judged_by_a_float32_rescore(byte_tokenizer, caplog, dty
     assert len(copies) == (1 if rounds_away else 0)
     assert next(target.parameters()).dtype == dtype
     json.dumps(report)
+
+
+def test_a_batch_row_is_rescored_where_it_sat_in_its_left_padded_batch(byte_tokenizer):
+    target = tiny_model("llama", seed=0)
+    prefixes = [byte_tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in PROMPTS]
+    assert len({p.numel() for p in prefixes}) == len(prefixes)  # padded differently
+    with torch.no_grad():
+        for row, prefix in enumerate(prefixes):
+            in_batch = Benchmark._next_logits_in_batch(target, prefixes, row)
+            alone = target(prefix[None]).logits[0, -1]
+            # One shape per block narrower than the shortest prompt, each the row's own logits:
+            # padding hidden, positions counted from the row's first token.
+            assert in_batch.shape[0] > 2
+            torch.testing.assert_close(in_batch, alone.expand_as(in_batch), atol=1e-4, rtol=0)
+
+
+def test_a_bfloat16_batch_divergence_is_judged_over_its_batched_shapes(byte_tokenizer):
+    target = tiny_model("llama", seed=0).to(torch.bfloat16)
+    ids = [byte_tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in PROMPTS[:2]]
+    plain = [greedy(target, i, 6) for i in ids]
+    ours = plain[0][:3] + [int(next_logits(target, ids[0], plain[0][:3]).argmin())]
+    decoder = SwapDecoder({tuple(ids[0].tolist()): ours, tuple(ids[1].tolist()): plain[1]})
+
+    def shapes(batch_size: int) -> int:
+        bench = Benchmark(
+            target, byte_tokenizer, decoder, {}, max_new_tokens=6, batch_size=batch_size
+        )
+        (divergence,) = bench.run(PROMPTS[:2])["overall"]["divergences"]
+        assert (divergence["prompt"], divergence["position"]) == (0, 3)
+        return len(divergence["run_gaps"])
+
+    alone = shapes(1)
+    assert shapes(2) > alone
 
 
 def test_an_output_that_stops_early_is_unexplained(llama, byte_tokenizer):
