@@ -251,15 +251,14 @@ class Benchmark:
         outs = self._ours(batch, self.max_new_tokens)
         wall_s = (time.perf_counter() - started) / len(batch)
         results = []
-        for row, (index, workload, ids, plain_run, hf_run, out) in enumerate(
-            zip(indices, workloads, batch, plain, hf, outs, strict=True)
+        for row, (index, workload, plain_run, hf_run, out) in enumerate(
+            zip(indices, workloads, plain, hf, outs, strict=True)
         ):
             ours = PromptRun(out.tokens, wall_s)
             result = PromptResult(index, workload, plain_run, hf_run, ours, out.stats, out.lossy)
             # A lossy verifier's departures are its own doing, measured by the exact-match rate.
             if self.greedy and ours.tokens != plain_run.tokens and not out.lossy:
-                batched = _Batched(batch, plain, row) if len(batch) > 1 else None
-                result.divergence = self._divergence(index, ids, plain_run, ours, batched)
+                result.divergence = self._divergence(index, _Batch(batch, plain, row), ours)
             results.append(result)
         return results
 
@@ -293,24 +292,36 @@ class Benchmark:
     def _plain(self, batch: list[torch.Tensor], max_new: int) -> list[PromptRun]:
         """Plain `generate` of the target on the batch, left-padded; each row cut after its first
         EOS token (where a batch pads the rows that finished), the time split evenly."""
-        kwargs = self._hf_kwargs()
+        started = time.perf_counter()
+        out = self._generate_plain(batch, max_new)
+        wall_s = (time.perf_counter() - started) / len(batch)
         width = max(ids.numel() for ids in batch)
-        pad = kwargs["pad_token_id"] or 0  # any id: the attention mask hides padding
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        return [PromptRun(self._until_eos(row[width:].tolist()), wall_s) for row in out]
+
+    def _plain_logits(self, batch: _Batch, position: int) -> torch.Tensor:
+        """Plain `generate`'s own next-token logits (1, V) for the batch's diverging row at
+        `position`: `_plain`'s call again, stopped after that step."""
+        out = self._generate_plain(
+            batch.prompts, position + 1, output_logits=True, return_dict_in_generate=True
+        )
+        return out.logits[position][batch.row][None]
+
+    def _generate_plain(self, batch: list[torch.Tensor], max_new: int, **options):
+        """`generate` on the batch, left-padded, on draftsmith's kernels."""
+        width = max(ids.numel() for ids in batch)
+        input_ids = torch.full((len(batch), width), self._pad_id(), dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for b, ids in enumerate(batch):
             input_ids[b, width - ids.numel() :] = ids
             attention_mask[b, width - ids.numel() :] = 1
-        started = time.perf_counter()
         with self._our_kernels():
-            out = self.target.generate(
+            return self.target.generate(
                 input_ids.to(self.target.device),
                 attention_mask=attention_mask.to(self.target.device),
                 max_new_tokens=max_new,
-                **kwargs,
+                **self._hf_kwargs(),
+                **options,
             )
-        wall_s = (time.perf_counter() - started) / len(batch)
-        return [PromptRun(self._until_eos(row[width:].tolist()), wall_s) for row in out]
 
     @contextmanager
     def _our_kernels(self) -> Iterator[None]:
@@ -341,21 +352,17 @@ class Benchmark:
         return PromptRun(out[0, ids.numel() :].tolist(), time.perf_counter() - started)
 
     @torch.inference_mode()
-    def _divergence(
-        self,
-        index: int,
-        ids: torch.Tensor,
-        plain: PromptRun,
-        ours: PromptRun,
-        batched: _Batched | None = None,
-    ) -> dict:
+    def _divergence(self, index: int, batch: _Batch, ours: PromptRun) -> dict:
         """Re-score the first diverging position in float32 and judge it with `judge_divergence`.
 
-        ids (T,) is the prompt. Both runs saw the same prefix there (the prompt and the tokens they
-        share), so one cache-free forward over it in the run's dtype and one in float32 give the
-        run's logits and the reference's at that position. A prompt decoded in a batch (`batched`)
-        is also re-run as its row of that batch, in the run's dtype.
+        Both runs saw the same prefix there (the prompt and the tokens they share), so one
+        cache-free forward over it in the run's dtype and one in float32 give the run's logits and
+        the reference's at that position. Outside float32 the run's logits come from several
+        shapes: blocks over a cache (`_next_logits_by_shape`), the prompt's row of its batch
+        (`_next_logits_in_batch`, a batch of several), and plain `generate`'s own computation,
+        replayed (its cache built step by step, which no re-run of the prefix reproduces).
         """
+        ids, plain = batch.prompts[batch.row], batch.plain[batch.row]
         position = next(
             (i for i, (a, b) in enumerate(zip(plain.tokens, ours.tokens, strict=False)) if a != b),
             min(len(plain.tokens), len(ours.tokens)),
@@ -371,12 +378,12 @@ class Benchmark:
             run_logits = self._next_logits(self.target, prefix)[None]
             reference = run_logits[0]
         else:
-            run_logits = self._next_logits_by_shape(self.target, prefix, after)
-            if batched is not None:
-                in_batch = self._next_logits_in_batch(
-                    self.target, batched.prefixes(position, self._pad_id()), batched.row
-                )
-                run_logits = torch.cat([run_logits, in_batch])
+            shapes = [self._next_logits_by_shape(self.target, prefix, after)]
+            if len(batch.prompts) > 1:
+                prefixes = batch.prefixes(position, self._pad_id())
+                shapes.append(self._next_logits_in_batch(self.target, prefixes, batch.row))
+            shapes.append(self._plain_logits(batch, position))
+            run_logits = torch.cat(shapes)
             reference = self._next_logits(self._float32_target(), prefix)
         return {
             **found,
@@ -470,12 +477,14 @@ class Benchmark:
         return torch.stack(rows)
 
     def _pad_id(self) -> int:
+        """Any id: the attention mask hides padding."""
         return self._hf_kwargs()["pad_token_id"] or 0
 
 
 @dataclass
-class _Batched:
-    """The batch a diverging prompt was decoded in: every row's prompt (T_b,) and plain output."""
+class _Batch:
+    """The batch a diverging prompt was decoded in (perhaps of one): every row's prompt (T_b,)
+    and plain output."""
 
     prompts: list[torch.Tensor]
     plain: list[PromptRun]

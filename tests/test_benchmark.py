@@ -11,6 +11,7 @@ import torch
 from conftest import perturbed_copy, tiny_model
 
 from draftsmith.commands.bench import bundled_prompts
+from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.decoding.benchmark import (
     FLOAT32_ULPS,
@@ -268,6 +269,36 @@ def test_a_bfloat16_batch_divergence_is_judged_over_its_batched_shapes(byte_toke
 
     alone = shapes(1)
     assert shapes(2) > alone
+
+
+def test_a_bfloat16_divergence_is_judged_on_plain_generates_own_logits_too(byte_tokenizer):
+    """The last shape is plain `generate` replayed to the diverging position (its cache built
+    step by step, on the kernels it ran on): its own logits there, which no re-run of the prefix
+    reproduces exactly."""
+    target = tiny_model("llama", seed=0).to(torch.bfloat16)
+    ids = byte_tokenizer(PROMPTS[0]["prompt"], return_tensors="pt").input_ids[0]
+    plain = greedy(target, ids, 6)
+    ours = plain[:3] + [int(next_logits(target, ids, plain[:3]).argmin())]
+    bench = Benchmark(
+        target, byte_tokenizer, SwapDecoder({tuple(ids.tolist()): ours}), {}, max_new_tokens=6
+    )
+    (divergence,) = bench.run(PROMPTS[:1])["overall"]["divergences"]
+    with torch.no_grad(), small_rows(target):
+        out = target.generate(
+            ids[None],
+            attention_mask=torch.ones_like(ids[None]),
+            do_sample=False,
+            max_new_tokens=4,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    own = out.logits[3][0]
+    pair = [divergence["plain_token"], divergence["draftsmith_token"]]
+    assert divergence["run_gaps"][-1] == pytest.approx(float(own[pair[0]] - own[pair[1]]))
+    with torch.no_grad():
+        prefix = torch.cat([ids, torch.tensor(plain[:3])])
+        blocks = Benchmark._next_logits_by_shape(target, prefix, torch.tensor(plain[3:]))
+    assert len(divergence["run_gaps"]) == len(blocks) + 1
 
 
 def test_an_output_that_stops_early_is_unexplained(llama, byte_tokenizer):
