@@ -308,12 +308,7 @@ class Benchmark:
 
     def _generate_plain(self, batch: list[torch.Tensor], max_new: int, **options):
         """`generate` on the batch, left-padded, on draftsmith's kernels."""
-        width = max(ids.numel() for ids in batch)
-        input_ids = torch.full((len(batch), width), self._pad_id(), dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for b, ids in enumerate(batch):
-            input_ids[b, width - ids.numel() :] = ids
-            attention_mask[b, width - ids.numel() :] = 1
+        input_ids, attention_mask = left_padded(batch, self._pad_id())
         with self._our_kernels():
             return self.target.generate(
                 input_ids.to(self.target.device),
@@ -447,12 +442,8 @@ class Benchmark:
         `RESCORE_BLOCKS` (m) shorter than every prefix, the rows' last m tokens as one block over
         a cache of the rest (m = 1 is plain's own step; wider blocks stand for a batched
         verification's). One prefill, cropped to each block's start."""
-        width = max(p.numel() for p in prefixes)
-        ids = torch.zeros(len(prefixes), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, p in enumerate(prefixes):
-            ids[b, width - p.numel() :] = p
-            mask[b, width - p.numel() :] = 1
+        ids, mask = left_padded(prefixes)
+        width = ids.shape[1]
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
         ids, mask, positions = (x.to(model.device) for x in (ids, mask, positions))
         blocks = [m for m in RESCORE_BLOCKS if m < min(p.numel() for p in prefixes)]
@@ -479,6 +470,18 @@ class Benchmark:
     def _pad_id(self) -> int:
         """Any id: the attention mask hides padding."""
         return self._hf_kwargs()["pad_token_id"] or 0
+
+
+def left_padded(rows: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows (T_b,) as one batch (B, max T_b) padded on the left with `pad`, and its attention
+    mask (B, max T_b), as batched `generate` takes them."""
+    width = max(row.numel() for row in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - row.numel() :] = row
+        mask[b, width - row.numel() :] = 1
+    return ids, mask
 
 
 @dataclass
