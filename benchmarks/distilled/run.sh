@@ -3,7 +3,8 @@
 # (recipes/qwen2.5-coder-1.5b/draft-model.yaml) against the undistilled 0.5B, greedy, side by side
 # in one run (every bundled prompt decoded by plain generate, then by each draft and policy):
 #   bash benchmarks/distilled/run.sh          # the recipe as written: bf16, the 1.5B's own words
-#   CPU=1 bash benchmarks/distilled/run.sh    # what a 2-core CPU affords (about 2 hours)
+#                                             # (about 80 minutes on a 2-core CPU with AMX)
+#   CPU=1 bash benchmarks/distilled/run.sh    # a CPU without bf16 units (about 2 hours)
 # CPU=1 runs float32 in one process on on-policy data alone (the 0.5B's samples continuing 96 chat
 # and 48 stdlib training windows, scored by the 1.5B as it trains: DistillSpec's on-policy
 # distillation), 160 steps of 256 tokens, 64 new tokens per bench prompt. Without it, ON_POLICY=1
@@ -33,7 +34,7 @@ if [ "${CPU:-0}" = 1 ]; then
     new_tokens=64
 else
     for split in train heldout; do
-        records=$([ $split = train ] && echo 1024 || echo 64)
+        records=$([ $split = train ] && echo 320 || echo 32)
         draftsmith regenerate "${writer[@]}" --source stdlib --split $split \
             --max-records $records --prompts-per-document 2 \
             --out $data/stdlib-$split-continued.jsonl
@@ -46,23 +47,22 @@ else
     overrides=()
     if [ "${ON_POLICY:-0}" = 1 ]; then
         draftsmith regenerate "${writer[@]}" "${on_policy[@]}" --source stdlib \
-            --max-records 1024 --out $data/stdlib-train-onpolicy.jsonl
+            --max-records 320 --out $data/stdlib-train-onpolicy.jsonl
         sources=$data/stdlib-train-continued.jsonl,$data/chitchat-train-continued.jsonl
         sources=$sources,$data/chitchat-train-answers.jsonl,$data/stdlib-train-onpolicy.jsonl
         overrides=("data.source=[$sources]")
     fi
     accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
         recipes/qwen2.5-coder-1.5b/draft-model.yaml output_dir=$run "${overrides[@]}"
-    new_tokens=128
+    new_tokens=64
 fi
-cp $run/metrics.jsonl $out/train_metrics.jsonl
+cp $run/metrics.jsonl $out/train_metrics_$dtype.jsonl
 
 # The bundled prompts (8 held-out stdlib functions, 4 chat and 4 prose lines); both drafts under
-# the threshold policy on raw confidence (benchmarks/README.md's Qwen runs) and under the default.
-draft="min_path_confidence=0.4,max_draft_tokens=12"
+# the default policy and at a fixed 8 tokens a round (the drafts alone, whatever they cost).
 python scripts/compare_policies.py --target qwen2.5-coder-1.5b --dtype $dtype \
     --drafter draft-model:qwen2.5-coder-0.5b --max-new-tokens $new_tokens \
     --prompts decoding/bench_prompts.jsonl \
-    --policy "threshold:$draft" --policy "threshold:$draft,artifact=$run/drafter" \
     --policy cost-aware --policy "cost-aware:artifact=$run/drafter" \
+    --policy fixed:max_draft_tokens=8 --policy "fixed:max_draft_tokens=8,artifact=$run/drafter" \
     --json $out/compare_$dtype.json
