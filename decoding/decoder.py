@@ -215,7 +215,7 @@ class SpeculativeDecoder:
         self, drafters: RowDrafters, active: list[_Row], max_new: int, sampling: SamplingParams
     ) -> list[Draft]:
         """Each active row's draft of the policy's shape this round, trimmed by the policy."""
-        shape = self.policy.shape(rows=len(active), together=drafters.together)
+        shape = self.policy.shape(rows=len(active))
         acceptance = self.policy.acceptance_fn() or raw_acceptance
         # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
         # Each row gets its own stop rules: they follow that row's chain or tree.

@@ -287,10 +287,6 @@ class RowDrafters:
     """The drafters of a batch's rows, addressed by row index: one `Drafter` per row, each
     drafting alone. `Drafter.chain_batch` may give a subclass that drafts all rows together."""
 
-    together: bool = False
-    """Every row drafts in one forward per step (lockstep), so a round's drafting costs its
-    longest row's steps, shared by the rows still drafting, not the sum of every row's."""
-
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         self.drafters = list(drafters)
 

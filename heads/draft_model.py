@@ -126,8 +126,6 @@ class BatchedDraftModel(RowDrafters):
     then one token per step while its chain goes on.
     """
 
-    together = True
-
     def __init__(self, model: PreTrainedModel, rows: int) -> None:
         self.cache = RaggedTarget(model, (), rows)
         self.order = list(range(rows))

@@ -206,52 +206,6 @@ def test_each_rows_chain_is_cut_on_its_own_acceptance(monkeypatch):
     assert kept == [1, 0]
 
 
-def _lockstep_lengths(policy, acceptances: list[float], limit: int = 8) -> list[int]:
-    """Tokens each row's chain drafts when the rows draft in lockstep (every row still drafting
-    is asked about position n before any about n + 1), each row's draft distribution putting
-    its acceptance on one token."""
-    stops = [policy.stop_fn() for _ in acceptances]
-    lengths: list[int | None] = [None] * len(acceptances)
-    for position in range(limit):
-        for row, (stop, a) in enumerate(zip(stops, acceptances, strict=True)):
-            if lengths[row] is None and stop(position, torch.tensor([a, 1 - a]).log()):
-                lengths[row] = position + 1
-    return [limit if n is None else n for n in lengths]
-
-
-def test_rows_drafting_in_lockstep_share_each_step_among_the_rows_still_drafting(monkeypatch):
-    """Two rows whose steps run in one drafter forward pay half a step each while both draft, so
-    confident chains go on longer than rows drafting alone would; once the other row stopped,
-    a row pays whole steps and stops sooner than while it shared them."""
-    # Each stop-rule call reads the clock 0.25 s later: a row's consecutive calls, with the other
-    # row's between them, time a 0.5 s step.
-    tick_clock(monkeypatch, 0.25)
-
-    def lengths(together: bool, acceptances: list[float]) -> list[int]:
-        policy = CostAwarePolicy(cost=_curve([1.0] * 24), recalibrate=False)  # raw top-1
-        policy.shape(rows=2, together=together)
-        return _lockstep_lengths(policy, acceptances)
-
-    alone = lengths(False, [0.95, 0.95])
-    shared = lengths(True, [0.95, 0.95])
-    left_alone = lengths(True, [0.95, 0.3])
-    assert alone[0] == alone[1] and shared[0] == shared[1]
-    assert alone[0] < left_alone[0] < shared[0]
-    assert left_alone[1] < left_alone[0]
-
-
-@pytest.mark.parametrize(("together", "per_step"), [(False, 0.15), (True, 0.2)])
-def test_a_lockstep_rounds_drafting_is_fitted_on_its_longest_row(together, per_step):
-    """Rows of 3 and 1 drafted tokens took 0.6 s: 4 steps of 0.15 s when each row drafts alone,
-    3 steps of 0.2 s (the longest row's) when they draft in lockstep."""
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), recalibrate=False)
-    for _ in range(2):  # the first round is the drafter's catching up on the prompt
-        assert policy.shape(rows=2, together=together).max_tokens > 0
-        drafts = [policy.trim(Draft(tokens=torch.arange(n))) for n in (3, 1)]
-        policy.observe_round([RoundOutcome(d, [], draft_s=0.6, round_s=1.6) for d in drafts])
-    assert policy._draft_cost.per_step == pytest.approx(per_step)
-
-
 # Verifying one drafted token costs twice a plain step, two cost 2.1x: at acceptance 0.9 the pair
 # pays (2.71 tokens for 2.1 steps), the first token alone does not (1.9 for 2).
 _PAIR_PAYS = [1.0, 2.0, 2.1, 2.2]
@@ -734,8 +688,8 @@ def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
 
 
 class RecordingPolicy(CostAwarePolicy):
-    """Cost-aware, recording each request's size, the rows each round opened with (and whether
-    they draft in lockstep) and the outcomes it observed."""
+    """Cost-aware, recording each request's size, the rows each round opened with and the
+    outcomes it observed."""
 
     def __post_init__(self) -> None:
         self.rounds: list[list[int | None]] = []
@@ -746,26 +700,24 @@ class RecordingPolicy(CostAwarePolicy):
         self.requests.append(size)
         super().start(target, size)
 
-    def shape(self, rows: int = 1, together: bool = False) -> TreeShape:
-        self.rounds.append([rows, together, None])
-        return super().shape(rows, together)
+    def shape(self, rows: int = 1) -> TreeShape:
+        self.rounds.append([rows, None])
+        return super().shape(rows)
 
     def observe_round(self, outcomes) -> None:
-        self.rounds[-1][2] = len(outcomes)
+        self.rounds[-1][1] = len(outcomes)
         super().observe_round(outcomes)
 
 
-@pytest.mark.parametrize("together", [False, True])
-def test_the_decoder_reports_each_batch_round_to_the_policy_at_once(llama, together):
+def test_the_decoder_reports_each_batch_round_to_the_policy_at_once(llama):
     policy = RecordingPolicy(max_draft_tokens=3, cost=_curve([1e-3] * 8))
-    drafter = DraftModelDrafter(llama, batch_drafting=together)
-    decoder = SpeculativeDecoder(llama, drafter, policy=policy)
+    decoder = SpeculativeDecoder(llama, DraftModelDrafter(llama), policy=policy)
     prompts = [torch.tensor([2, 4, 6]), torch.tensor([7, 1]), torch.tensor([3, 3, 9, 5])]
     results = decoder.generate_batch(prompts, max_new_tokens=12)
     for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == greedy_reference(llama, prompt, 12)
-    assert policy.rounds[0] == [3, together, 3]
-    assert all(rows == observed for rows, _, observed in policy.rounds)
+    assert policy.rounds[0] == [3, 3]
+    assert all(rows == observed for rows, observed in policy.rounds)
     assert policy.requests[-1] == RequestSize((3, 2, 4), 12)
 
 

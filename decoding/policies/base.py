@@ -96,10 +96,9 @@ class DraftPolicy:
         """A new request of `size` for `target` begins: a policy resets its per-request state
         here (and may measure what it needs of the target, once)."""
 
-    def shape(self, rows: int = 1, together: bool = False) -> TreeShape:
+    def shape(self, rows: int = 1) -> TreeShape:
         """The draft shape of this round, which opens it, for `rows` rows decoding together (each
-        drafts its own of this shape; `together`: in lockstep, one drafter forward per step for
-        every row still drafting)."""
+        drafts its own of this shape)."""
         return self.largest
 
     def stop_fn(self) -> StopFn | None:

@@ -58,10 +58,9 @@ class _RecentMedian:
 
 @dataclass
 class _DraftCost:
-    """Seconds of drafting n steps (a chain's tokens, a tree's depths; over a batch's rows, every
-    row's when each drafts alone, the longest row's when they draft in lockstep), fixed +
-    per_step * n, fitted by least squares on moving averages of the rounds' (n, seconds): a
-    round's fixed part (catching up on the tokens just committed) is not charged to each step. Until a round is
+    """Seconds of drafting n steps (a chain's tokens, a tree's depths), fixed + per_step * n,
+    fitted by least squares on moving averages of the rounds' (n, seconds): a round's fixed part
+    (catching up on the tokens just committed) is not charged to each step. Until a round is
     fitted, and where every round drafted (nearly) one length so there is no slope to fit,
     per_step is the measured time between consecutive steps (`add_step`), so the very first
     round, whose drafting also holds the drafter's reading of the prompt, already stops drafting
@@ -133,10 +132,7 @@ class CostAwarePolicy(DraftPolicy):
     the round is the batch forward's cost over the rows (`CostCurve.batch_cost`) plus its share
     of the drafting, and a plain step gives each row one token for the batch's one-token forward.
     So a device whose batched forward costs about what a one-row forward does keeps drafting at
-    batch B, and one whose cost grows with the tokens verified stops drafting as B grows. Rows
-    that draft alone pay each of their steps; rows that draft in lockstep (`together`: one
-    drafter forward per step for every row still drafting) share each step among the rows still
-    drafting when it runs, so a row whose chain outlasts the others' pays a whole step alone.
+    batch B, and one whose cost grows with the tokens verified stops drafting as B grows.
 
     The one-token cost is measured apart: a round that verifies one token (a plain step, or a
     draft cut to nothing) costs the decoder what its plain decoding would, which need not be what
@@ -234,12 +230,6 @@ class CostAwarePolicy(DraftPolicy):
     """Per row of this round, in row order, a one-element list: the depths its tree grew."""
     _rows: int = field(default=1, init=False, repr=False)
     """Rows decoding together this round."""
-    _together: bool = field(default=False, init=False, repr=False)
-    """This round's rows draft in lockstep: a drafter step is one forward for all of them."""
-    _drafting: int = field(default=0, init=False, repr=False)
-    """Lockstep: rows of this round whose chain has not stopped yet."""
-    _longest: int = field(default=0, init=False, repr=False)
-    """Most drafter steps any row took this round."""
     _drafted: int = field(default=0, init=False, repr=False)
     """Nodes drafted this round over all rows, before the trim."""
     _drafted_steps: int = field(default=0, init=False, repr=False)
@@ -337,9 +327,8 @@ class CostAwarePolicy(DraftPolicy):
 
     # -- planning ----------------------------------------------------------------------------
 
-    def shape(self, rows: int = 1, together: bool = False) -> TreeShape:
-        self._rows, self._together = rows, together
-        self._drafted, self._drafted_steps, self._longest, self._drafting = 0, 0, 0, 0
+    def shape(self, rows: int = 1) -> TreeShape:
+        self._rows, self._drafted, self._drafted_steps = rows, 0, 0
         self._round_acceptance, self._round_depths, self._expected = [], [], []
         if self._plain_left > 0 or self._one_token_unmeasured():
             return PLAIN
@@ -368,7 +357,7 @@ class CostAwarePolicy(DraftPolicy):
         n depths commit at most n + 1 tokens, for n steps and at least n + 1 verified."""
         if self.cost is None:
             return True
-        fixed_s, step_s = self._row_draft_fixed_s(), self._row_step_s(self._rows)
+        fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_step
         return any(
             (1 + n) / (fixed_s + n * step_s + self.row_verify_s(n + 1)) > self.plain_rate()
             for n in range(1, self.largest.depth + 1)
@@ -380,7 +369,6 @@ class CostAwarePolicy(DraftPolicy):
             return None
         accepted: list[float] = []
         self._round_acceptance.append(accepted)
-        self._drafting += 1
         fixed_s = self._row_draft_fixed_s()
         path, expected, last_token_at = 1.0, 1.0, None
 
@@ -390,7 +378,7 @@ class CostAwarePolicy(DraftPolicy):
             if last_token_at is not None:
                 self._draft_cost.add_step(now_at - last_token_at)
             last_token_at = now_at
-            step_s = self._row_step_s(self._drafting)
+            step_s = self._draft_cost.per_step
             accepted.append(acceptance)
             path *= acceptance
             expected += path
@@ -403,7 +391,6 @@ class CostAwarePolicy(DraftPolicy):
                 cost = fixed_s + m * step_s + self.row_verify_s(m + 1)
                 if longer_expected / cost > now:
                     return False
-            self._drafting -= 1
             return True
 
         return self.token_stop_fn(no_longer_draft_pays)
@@ -468,7 +455,6 @@ class CostAwarePolicy(DraftPolicy):
         else:
             steps = int(draft.depths.max()) if len(draft) else 0
         self._drafted_steps += steps
-        self._longest = max(self._longest, steps)
         if self.cost is None or len(draft) == 0:
             self._expected.append(1.0 if len(draft) == 0 else None)
             return draft
@@ -526,15 +512,8 @@ class CostAwarePolicy(DraftPolicy):
         return kept
 
     def _drafting_s(self, steps: int) -> float:
-        """A row's expected seconds of drafting `steps` steps this round (in lockstep, its share
-        of them as if every row drafted as many)."""
-        return self._row_draft_fixed_s() + steps * self._row_step_s(self._rows)
-
-    def _row_step_s(self, sharing: int) -> float:
-        """A row's cost of one drafter step: all of it when rows draft alone, its share among
-        `sharing` rows when they draft in lockstep."""
-        step_s = self._draft_cost.per_step
-        return step_s / max(sharing, 1) if self._together else step_s
+        """A row's expected seconds of drafting `steps` steps this round."""
+        return self._row_draft_fixed_s() + steps * self._draft_cost.per_step
 
     def _while_each_pays(self, values: list[float], steps: Sequence[int]) -> int:
         """How many of a sampled draft's nodes to verify, in the order given (each after its
@@ -569,8 +548,8 @@ class CostAwarePolicy(DraftPolicy):
         return best, best_value
 
     def _row_draft_fixed_s(self) -> float:
-        """A row's share of a round's fixed drafting cost (its steps are charged apart,
-        `_row_step_s`)."""
+        """A row's share of a round's fixed drafting cost (the drafting cost is fitted on the
+        round's nodes over all rows, so its per-token part is already a row's)."""
         return self._draft_cost.fixed / self._rows
 
     # -- learning ----------------------------------------------------------------------------
@@ -593,10 +572,8 @@ class CostAwarePolicy(DraftPolicy):
             self._drafted_before = False
             return
         catching_up = self._drafted > 0 and not self._drafted_before
-        # Lockstep rows' steps run together: the round's drafting took its longest row's.
-        steps = self._longest if self._together else self._drafted_steps
         if self._drafted and not catching_up:
-            self._draft_cost.add(steps, draft_s)
+            self._draft_cost.add(self._drafted_steps, draft_s)
         self._drafted_before = self._drafted > 0
         # Plain decoding gives every row a token per one-token forward of the batch.
         plain_round_s = self.round_verify_s(1, rows)
@@ -608,7 +585,9 @@ class CostAwarePolicy(DraftPolicy):
             # The drafter read the prompt or a plain stretch first: a cost paid once per request
             # or probe (counted in what the probe lost), not evidence of how speculation goes.
             if first_of_request and self._prompt_tokens:
-                drafting_s = self._draft_cost.fixed + steps * self._draft_cost.per_step
+                drafting_s = (
+                    self._draft_cost.fixed + self._drafted_steps * self._draft_cost.per_step
+                )
                 self._reading.add(max(draft_s - drafting_s, 0.0) / self._prompt_tokens)
             return
         # A row whose draft was not planned (its drafter ignored the stop rule) counts as what
