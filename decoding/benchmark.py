@@ -9,7 +9,8 @@ Hugging Face counterpart (empty `hf_assist`, e.g. a trained head) skips assisted
 reports its figures as null ("-" in the table). A greedy divergence from plain `generate` is
 re-scored with a float32 copy of the target and called rounding only where the two tokens are a
 near-tie within the run's own measured error there (`judge_divergence`), the error measured over
-the forward shapes the two decoders compute that position in (`RESCORE_BLOCKS`).
+the forward shapes the two decoders compute that position in (`RESCORE_BLOCKS`, the prompt's row
+of its batch, and plain `generate` itself replayed to that position).
 """
 
 from __future__ import annotations
