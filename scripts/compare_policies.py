@@ -15,7 +15,11 @@ calibration, small_rows=0 to run the linear layers as stock torch does (not on p
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. With --repeats N
 every prompt is decoded N times by every method, the methods' order rotating each time, and each
-method's fastest run counts (other work on a shared machine only ever adds time). Each ratio to
+method's fastest run counts (other work on a shared machine only ever adds time). A greedy output that
+differs from plain's is judged by `draftsmith.decoding.divergence` (its first diverging position
+re-scored in float32 against the run's error there, plain replayed among the shapes): "identical"
+counts the prompts decoded token for token, "rounding" those whose divergence the run's
+precision explains, and every divergence goes into the JSON. Each ratio to
 plain comes with a 90% bootstrap interval over the workload's prompts: how far another draw of
 prompts (and of the machine's noise on each) could move it. Prints a table per workload and,
 with --json, writes every figure with the command line.
@@ -24,6 +28,7 @@ with --json, writes every figure with the command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -38,6 +43,7 @@ from draftsmith.core import small_rows
 from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
+from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge, format_divergence
 
 
 def main() -> None:
@@ -74,7 +80,12 @@ def main() -> None:
     totals = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     per_prompt = []  # seconds of each method on each prompt, to tell one slow prompt from many
     methods = ["plain", *decoders]
-    for record, ids in zip(prompts, encoded, strict=True):
+    judge = None
+    if args.temperature == 0:
+        replay = functools.partial(_replay_plain, target, tokenizer, args)
+        judge = DivergenceJudge(target, replay, tokenizer.eos_token_id or 0)
+    divergences = defaultdict(list)  # per policy
+    for index, (record, ids) in enumerate(zip(prompts, encoded, strict=True)):
         groups = [totals[record["workload"]], totals["overall"]]
         seconds, outputs = {}, {}
         for repeat in range(args.repeats):
@@ -101,6 +112,11 @@ def main() -> None:
                 row["drafted"] += out.stats.drafted
                 row["prompts"] += 1
                 row["identical"] += out.tokens == plain
+            if judge is not None and out.tokens != plain:
+                divergence = judge(index, DivergedBatch([ids], [plain], 0), out.tokens)
+                divergences[name].append(divergence)
+                for group in groups:
+                    group[name]["rounding"] += divergence["explained"]
         per_prompt.append(
             {
                 "workload": record["workload"],
@@ -122,12 +138,13 @@ def main() -> None:
             for name, group in totals.items()
         },
         "prompts": per_prompt,
+        "divergences": divergences,
     }
     for workload, summary in report["workloads"].items():
         print(f"\n{workload} (plain {summary['plain_tok_s']:.2f} tok/s)")
         print(
             f"{'policy':<34} {'tok/s':>7} {'vs plain':>8} {'90% interval':>12} {'vs first':>8} "
-            f"{'tau':>5} {'tau/first':>9} {'nodes':>6} {'identical':>9}"
+            f"{'tau':>5} {'tau/first':>9} {'nodes':>6} {'identical':>9} {'rounding':>8}"
         )
         for name, f in summary["policies"].items():
             low, high = f["speedup_vs_plain_interval"]
@@ -136,8 +153,11 @@ def main() -> None:
                 f"{f'[{low:.2f}, {high:.2f}]':>12} "
                 f"{f['speedup_vs_first']:>7.2f}x {f['mean_accepted_length']:>5.2f} "
                 f"{f['tau_vs_first']:>8.2f}x {f['mean_draft_size']:>6.1f} "
-                f"{f['identical_prompts']:>5}/{f['prompts']}"
+                f"{f['identical_prompts']:>5}/{f['prompts']} {f['rounding_prompts']:>8}"
             )
+    for name, found in divergences.items():
+        for divergence in found:
+            print(f"{name}: {format_divergence(divergence)}")
     if args.json:
         with open(args.json, "w") as out:
             out.write(json.dumps(report, indent=2) + "\n")
@@ -149,7 +169,13 @@ def _decode(name, decoders, weight_first, target, tokenizer, ids, args, sampling
     if name != "plain":
         small_rows.ENABLED = weight_first[name]
         return decoders[name].generate(ids, max_new_tokens=args.max_new_tokens, **sampling)
-    small_rows.ENABLED = True  # plain runs on the decoders' linear layers
+    out = _generate_plain(target, tokenizer, ids, args, args.max_new_tokens)
+    return out[0, ids.numel() :].tolist()
+
+
+def _generate_plain(target, tokenizer, ids, args, max_new_tokens, **options):
+    """Plain `generate` of ids (T,) on the decoders' linear layers."""
+    small_rows.ENABLED = True
     with torch.inference_mode(), small_rows.small_rows(target):
         return target.generate(
             ids[None],
@@ -158,9 +184,20 @@ def _decode(name, decoders, weight_first, target, tokenizer, ids, args, sampling
             temperature=args.temperature or None,
             top_p=args.top_p,
             top_k=None,
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             pad_token_id=tokenizer.eos_token_id,
-        )[0, ids.numel() :].tolist()
+            **options,
+        )
+
+
+def _replay_plain(target, tokenizer, args, batch: DivergedBatch, position: int) -> torch.Tensor:
+    """Plain `generate`'s own next-token logits (1, V) at `position`: its run again, stopped
+    after that step (the judge's `PlainReplay`)."""
+    ids = batch.prompts[batch.row]
+    out = _generate_plain(
+        target, tokenizer, ids, args, position + 1, output_logits=True, return_dict_in_generate=True
+    )
+    return out.logits[position]
 
 
 def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:
@@ -209,7 +246,8 @@ def speedup_interval(
 
 def _summary(group: dict, policies: list[str], prompts: list[dict]) -> dict:
     """Per policy: tokens/s, ratios to plain (with its `speedup_interval` over `prompts`) and to
-    the first policy, mean accepted length, mean draft size, prompts identical to plain."""
+    the first policy, mean accepted length, mean draft size, prompts identical to plain and
+    prompts whose divergence from plain is rounding."""
     plain_rate = group["plain"]["tokens"] / group["plain"]["wall_s"]
     first = group[policies[0]]
     first_rate, first_tau = first["tokens"] / first["wall_s"], first["tokens"] / first["forwards"]
@@ -227,6 +265,7 @@ def _summary(group: dict, policies: list[str], prompts: list[dict]) -> dict:
             "mean_draft_size": row["drafted"] / row["forwards"],
             "prompts": int(row["prompts"]),
             "identical_prompts": int(row["identical"]),
+            "rounding_prompts": int(row["rounding"]),
         }
     return {"plain_tok_s": plain_rate, "policies": figures}
 

@@ -19,12 +19,15 @@ seconds.
         --policy cost-aware --policy fixed:max_draft_tokens=0 [--json OUT.json]
 
 --policy as in compare_policies.py. Prints a table per workload: each policy's speed over plain
-with a 90% bootstrap interval over the prompts, its mean accepted length and draft size.
+with a 90% bootstrap interval over the prompts, its mean accepted length and draft size, and
+(greedy) the prompts decoded identically and those whose divergence is rounding, judged by
+`draftsmith.decoding.divergence` with this plain loop replayed among the shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import sys
@@ -42,6 +45,7 @@ from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
 from draftsmith.decoding.decoder import eos_token_ids
+from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge, format_divergence
 
 
 def _compare_policies():
@@ -94,6 +98,15 @@ class PlainSteps:
                 **{self._cache_argument: self.cache},
             )
         return out.logits[0, -1].float()
+
+
+def _replay_plain(target, batch: DivergedBatch, position: int) -> torch.Tensor:
+    """The plain loop's own next-token logits (1, V) at `position` (greedy): its run again,
+    stopped there (the judge's `PlainReplay`)."""
+    plain = PlainSteps(target, batch.prompts[batch.row], SamplingParams(), seed=0)
+    for _ in range(position):
+        plain.step()
+    return plain._logits[None]
 
 
 def lockstep(decoder, target, ids, max_new: int, sampling: SamplingParams, seed: int) -> dict:
@@ -150,8 +163,12 @@ def main() -> None:
     for decoder in decoders.values():  # warm-up
         lockstep(decoder, target, encoded[0], 8, sampling, args.seed)
 
+    judge = None
+    if sampling.greedy:
+        replay = functools.partial(_replay_plain, target)
+        judge = DivergenceJudge(target, replay, tokenizer.eos_token_id or 0)
     per_prompt, stats = [], {name: [] for name in decoders}
-    for record, ids in zip(prompts, encoded, strict=True):
+    for index, (record, ids) in enumerate(zip(prompts, encoded, strict=True)):
         for name, decoder in decoders.items():
             run = lockstep(decoder, target, ids, args.max_new_tokens, sampling, args.seed)
             plain = run["plain"]
@@ -164,6 +181,10 @@ def main() -> None:
                     "identical": plain.tokens == run["tokens"],
                 }
             )
+            if judge is not None and plain.tokens != run["tokens"]:
+                diverged = DivergedBatch([ids], [plain.tokens], 0)
+                per_prompt[-1]["divergence"] = judge(index, diverged, run["tokens"])
+                print(f"{name}: {format_divergence(per_prompt[-1]['divergence'])}")
             stats[name].append((record["workload"], run["stats"]))
 
     report = {"command": " ".join(["python", *sys.argv]), "workloads": {}, "prompts": []}
@@ -190,12 +211,13 @@ def main() -> None:
                 "mean_draft_size": drafted / forwards,
                 "prompts": len(runs),
                 "identical_prompts": sum(p["identical"] for p in runs),
+                "rounding_prompts": sum(p.get("divergence", {}).get("explained", 0) for p in runs),
             }
         report["workloads"][workload] = rows
         print(f"\n{workload}")
         print(
             f"{'policy':<34} {'tok/s':>7} {'plain':>7} {'vs plain':>8} {'90% interval':>12} "
-            f"{'tau':>5} {'nodes':>6} {'identical':>9}"
+            f"{'tau':>5} {'nodes':>6} {'identical':>9} {'rounding':>8}"
         )
         for name, f in rows.items():
             low, high = f["speedup_vs_plain_interval"]
@@ -203,7 +225,7 @@ def main() -> None:
                 f"{name:<34} {f['tok_s']:>7.2f} {f['plain_tok_s']:>7.2f} "
                 f"{f['speedup_vs_plain']:>7.2f}x {f'[{low:.2f}, {high:.2f}]':>12} "
                 f"{f['mean_accepted_length']:>5.2f} {f['mean_draft_size']:>6.1f} "
-                f"{f['identical_prompts']:>5}/{f['prompts']}"
+                f"{f['identical_prompts']:>5}/{f['prompts']} {f['rounding_prompts']:>8}"
             )
     report["prompts"] = per_prompt
     if args.json:

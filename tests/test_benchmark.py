@@ -13,15 +13,15 @@ from conftest import perturbed_copy, tiny_model
 from draftsmith.commands.bench import bundled_prompts
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
-from draftsmith.decoding.benchmark import (
-    FLOAT32_ULPS,
-    Benchmark,
-    format_divergence,
-    format_table,
-    judge_divergence,
-    load_prompts,
-)
+from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts
 from draftsmith.decoding.decoder import GenerationResult, GenerationStats
+from draftsmith.decoding.divergence import (
+    FLOAT32_ULPS,
+    format_divergence,
+    judge_divergence,
+    next_logits_by_shape,
+    next_logits_in_batch,
+)
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
 
 PROMPTS = [
@@ -199,7 +199,7 @@ def test_divergences_are_judged_by_a_float32_rescore(byte_tokenizer, caplog, dty
     )
 
     bench = Benchmark(target, byte_tokenizer, decoder, {}, max_new_tokens=new)
-    with caplog.at_level(logging.INFO, logger="draftsmith.decoding.benchmark"):
+    with caplog.at_level(logging.INFO, logger="draftsmith.decoding.divergence"):
         report = bench.run(PROMPTS[:2])
 
     overall = report["overall"]
@@ -244,7 +244,7 @@ def test_a_batch_row_is_rescored_where_it_sat_in_its_left_padded_batch(byte_toke
     assert len({p.numel() for p in prefixes}) == len(prefixes)  # padded differently
     with torch.no_grad():
         for row, prefix in enumerate(prefixes):
-            in_batch = Benchmark._next_logits_in_batch(target, prefixes, row)
+            in_batch = next_logits_in_batch(target, prefixes, row)
             alone = target(prefix[None]).logits[0, -1]
             # One shape per block narrower than the shortest prompt, each the row's own logits:
             # padding hidden, positions counted from the row's first token.
@@ -297,7 +297,7 @@ def test_a_bfloat16_divergence_is_judged_on_plain_generates_own_logits_too(byte_
     assert divergence["run_gaps"][-1] == pytest.approx(float(own[pair[0]] - own[pair[1]]))
     with torch.no_grad():
         prefix = torch.cat([ids, torch.tensor(plain[:3])])
-        blocks = Benchmark._next_logits_by_shape(target, prefix, torch.tensor(plain[3:]))
+        blocks = next_logits_by_shape(target, prefix, torch.tensor(plain[3:]))
     assert len(divergence["run_gaps"]) == len(blocks) + 1
 
 

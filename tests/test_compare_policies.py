@@ -1,10 +1,18 @@
-"""scripts/compare_policies.py's interval on a speed ratio: it must hold the ratio the summed
-prompts give, and widen when the prompts disagree."""
+"""scripts/compare_policies.py's interval on a speed ratio (it must hold the ratio the summed
+prompts give, and widen when the prompts disagree), and the plain runs compare_policies.py and
+lockstep.py replay for the divergence judge."""
 
+import argparse
+import functools
 import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
+from conftest import tiny_model
+
+from draftsmith.core.sampling import SamplingParams
+from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_policies.py"
 
@@ -51,3 +59,46 @@ def test_the_interval_weighs_prompts_by_their_tokens(script):
     short, long = (script.speedup_interval(with_slow_prompt(n), "p") for n in (10, 100))
     assert long[0] < short[0] < 1.0
     assert long[1] <= short[1] == pytest.approx(1.0)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_scripts_replay_their_own_plain_run_for_the_divergence_judge(byte_tokenizer):
+    """compare_policies judges a divergence on plain `generate`'s own logits at the position,
+    lockstep on its bare loop's: each replay must return what its plain run computed there (in
+    bfloat16 no re-run of the prefix in another shape need match it), and the judge uses it as
+    its last shape."""
+    target = tiny_model("llama", seed=0).to(torch.bfloat16)
+    ids = byte_tokenizer("def add(a, b):", return_tensors="pt").input_ids[0]
+    args = argparse.Namespace(temperature=0.0, top_p=None)
+    compare, lockstep = _load("compare_policies"), _load("lockstep")
+    out = compare._generate_plain(
+        target, byte_tokenizer, ids, args, 6, output_logits=True, return_dict_in_generate=True
+    )
+    plain = out.sequences[0, ids.numel() :].tolist()
+    batch = DivergedBatch([ids], [plain], 0)
+    generated = compare._replay_plain(target, byte_tokenizer, args, batch, 4)
+    torch.testing.assert_close(generated, out.logits[4], atol=0, rtol=0)
+
+    steps = lockstep.PlainSteps(target, ids, SamplingParams(), seed=0)
+    for _ in range(6):
+        steps.step()
+    assert steps.tokens == plain
+    replayed = lockstep._replay_plain(target, batch, 4)
+    assert replayed.shape == (1, out.logits[4].shape[-1])
+    assert int(replayed.argmax()) == plain[4]
+
+    ours = plain[:4] + [int(replayed.argmin())]
+    judged = DivergenceJudge(target, functools.partial(lockstep._replay_plain, target))(
+        0, batch, ours
+    )
+    assert judged["position"] == 4 and judged["explained"] is False
+    pair = [plain[4], ours[4]]
+    assert judged["run_gaps"][-1] == pytest.approx(
+        float(replayed[0, pair[0]] - replayed[0, pair[1]])
+    )

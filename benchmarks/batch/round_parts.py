@@ -20,10 +20,10 @@ import torch
 from draftsmith.commands.bench import bundled_prompts
 from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core.models import load_model
-from draftsmith.core.ragged import RaggedTarget
+from draftsmith.core.ragged import RaggedTarget, left_padded
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import left_padded, load_prompts
+from draftsmith.decoding.benchmark import load_prompts
 
 TIMES: dict[str, list[float]] = defaultdict(list)
 

@@ -164,7 +164,8 @@ class BenchCommand(TargetPlacement):
 
     def write_report(self, report: dict) -> None:
         """Print the report's table and divergences; write its plot and JSON where asked."""
-        from draftsmith.decoding.benchmark import format_divergence, format_table
+        from draftsmith.decoding.benchmark import format_table
+        from draftsmith.decoding.divergence import format_divergence
 
         print(format_table(report))
         if "hf_assisted" in report:

@@ -150,3 +150,15 @@ class RaggedTarget:
         self.valid = torch.zeros(len(slots), 0, dtype=torch.bool)
         self.lengths = [0] * len(slots)
         self._append_slots(counts, max(counts))
+
+
+def left_padded(rows: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows (T_b,) as one batch (B, max T_b) padded on the left with `pad`, and its attention
+    mask (B, max T_b), as batched `generate` takes them."""
+    width = max(row.numel() for row in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - row.numel() :] = row
+        mask[b, width - row.numel() :] = 1
+    return ids, mask
