@@ -65,7 +65,7 @@ class DraftModelDrafter(Drafter):
     def draft(self, request: DraftRequest) -> Draft:
         # Rows of an uncommitted earlier draft go; the newest token is rerun for its logits.
         self._own.keep(min(self._own.agreeing(self._committed), len(self._committed) - 1))
-        logits = self._forward(self._committed[len(self._own) :])[-1]
+        logits = self._forward(self._committed[len(self._own) :], last_only=True)[-1]
         if not request.shape.is_chain:
             tree = DynamicTree.for_request(request)
             self._tree_rows = TreeRows(tree, len(self._own))
@@ -82,9 +82,12 @@ class DraftModelDrafter(Drafter):
         new_tokens: list[int],
         positions: torch.Tensor | None = None,
         visible: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
-        """Run the draft model over new_tokens, extending its cache; returns their logits (n, V).
-        Tree rows come with their positions (n,) and visibility (n, cached + n)."""
+        """Run the draft model over new_tokens, extending its cache; returns their logits (n, V),
+        or the last token's alone (1, V) with last_only (a prompt's reading then skips the LM
+        head over every other token, a large share of it for a vocabulary of 150k). Tree rows
+        come with their positions (n,) and visibility (n, cached + n)."""
         device = self.model.device
         tree = {}
         if visible is not None:
@@ -98,6 +101,7 @@ class DraftModelDrafter(Drafter):
                 use_cache=True,
                 **{self._cache_argument: self._own.kv},
                 **tree,
+                **({"logits_to_keep": 1} if last_only else {}),
             )
         self._own.extend(new_tokens)
         return out.logits[0].float()

@@ -122,3 +122,18 @@ def test_drafters_used_above_accept_partially(llama):
     result = ngram.generate(torch.tensor([3]), max_new_tokens=30)
     assert result.tokens == expected
     assert result.stats.accepted > 0
+
+
+def test_a_draft_models_chain_reads_the_prompt_without_its_lm_head_on_every_token(llama):
+    """A chain needs the logits of the newest token only: the LM head (a large share of a small
+    model's prefill over a big vocabulary) runs on one position per catch-up, and the output is
+    still the target's."""
+    draft = perturbed_copy(llama, scale=0.05)
+    positions = []
+    draft.lm_head.register_forward_hook(lambda _, args, __: positions.append(args[0].shape[1]))
+    prompt = torch.arange(3, 15)
+    result = SpeculativeDecoder(
+        llama, DraftModelDrafter(draft), policy=FixedPolicy(max_draft_tokens=3)
+    ).generate(prompt, max_new_tokens=10)
+    assert result.tokens == greedy_reference(llama, prompt, 10)
+    assert positions and set(positions) == {1}
