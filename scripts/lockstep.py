@@ -69,14 +69,15 @@ class PlainSteps:
         self.ended = False
         self._eos = eos_token_ids(model)
         started = time.perf_counter()
-        self._logits = self._forward(ids[None])  # the prefill
+        self.next_logits = self._forward(ids[None])  # the prefill
+        """The next token's logits (V,) float32, from the last forward."""
         self.seconds = time.perf_counter() - started
 
     def step(self) -> None:
         if self.ended:
             return
         started = time.perf_counter()
-        logits = self._logits
+        logits = self.next_logits
         if self.sampling.greedy:
             token = int(logits.argmax())
         else:
@@ -84,7 +85,7 @@ class PlainSteps:
         self.tokens.append(token)
         self.ended = token in self._eos
         if not self.ended:
-            self._logits = self._forward(torch.tensor([[token]]))
+            self.next_logits = self._forward(torch.tensor([[token]]))
         self.seconds += time.perf_counter() - started
 
     @torch.inference_mode()
@@ -106,7 +107,7 @@ def _replay_plain(target, batch: DivergedBatch, position: int) -> torch.Tensor:
     plain = PlainSteps(target, batch.prompts[batch.row], SamplingParams(), seed=0)
     for _ in range(position):
         plain.step()
-    return plain._logits[None]
+    return plain.next_logits[None]
 
 
 def lockstep(decoder, target, ids, max_new: int, sampling: SamplingParams, seed: int) -> dict:
