@@ -52,7 +52,7 @@ class DivergedBatch:
         """Each row's prompt and its first `position` plain tokens, as plain batched `generate`
         held them when it computed that position (a row that had finished, padding after)."""
         return [
-            torch.cat([ids, torch.tensor((tokens + [pad] * position)[:position])])
+            torch.cat([ids, torch.tensor((tokens + [pad] * position)[:position], dtype=torch.long)])
             for ids, tokens in zip(self.prompts, self.plain, strict=True)
         ]
 
@@ -102,7 +102,7 @@ class DivergenceJudge:
             # One output stops where the other goes on: no pair of tokens for rounding to explain.
             return {**found, "plain_token": None, "draftsmith_token": None, "explained": False}
         device = self.target.device
-        prefix = torch.cat([ids, torch.tensor(plain[:position])]).to(device)
+        prefix = torch.cat([ids, torch.tensor(plain[:position], dtype=torch.long)]).to(device)
         after = torch.tensor(plain[position:], dtype=torch.long, device=device)
         if self.dtype == torch.float32:
             run_logits = next_logits(self.target, prefix)[None]

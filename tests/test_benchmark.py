@@ -169,7 +169,7 @@ def greedy(model, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
 
 def next_logits(model, ids: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return model(torch.cat([ids, torch.tensor(tokens)])[None]).logits[0, -1]
+        return model(torch.cat([ids, torch.tensor(tokens, dtype=torch.long)])[None]).logits[0, -1]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -299,6 +299,21 @@ def test_a_bfloat16_divergence_is_judged_on_plain_generates_own_logits_too(byte_
         prefix = torch.cat([ids, torch.tensor(plain[:3])])
         blocks = next_logits_by_shape(target, prefix, torch.tensor(plain[3:]))
     assert len(divergence["run_gaps"]) == len(blocks) + 1
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_divergence_at_the_first_new_token_is_judged(byte_tokenizer, batch_size):
+    """No plain token precedes it: the re-scored prefix is the prompt alone (an empty list of
+    tokens must not turn the prompt's ids into floats)."""
+    target = tiny_model("llama", seed=0).to(torch.bfloat16)
+    ids = [byte_tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in PROMPTS[:2]]
+    plain = [greedy(target, i, 4) for i in ids]
+    ours = [int(next_logits(target, ids[0], []).argmin()), *plain[0][1:]]
+    decoder = SwapDecoder({tuple(ids[0].tolist()): ours, tuple(ids[1].tolist()): plain[1]})
+    bench = Benchmark(target, byte_tokenizer, decoder, {}, max_new_tokens=4, batch_size=batch_size)
+    (divergence,) = bench.run(PROMPTS[:2])["overall"]["divergences"]
+    assert (divergence["prompt"], divergence["position"]) == (0, 0)
+    assert divergence["draftsmith_token"] == ours[0] and not divergence["explained"]
 
 
 def test_an_output_that_stops_early_is_unexplained(llama, byte_tokenizer):
