@@ -35,7 +35,7 @@ def draft_signals(draft: Draft) -> dict[str, torch.Tensor]:
             "this draft has no logits (an n-gram drafter's), so it has no confidence signals "
             "to calibrate; use a drafter with a draft distribution"
         )
-    signals = confidence_signals(draft.logits)
+    signals = confidence_signals(draft.supported_logits())
     if draft.is_chain:
         return signals
     signals["position"] = (draft.depths - 1).float().to(draft.logits.device)

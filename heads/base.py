@@ -141,6 +141,9 @@ class Draft:
     values: torch.Tensor | None = None
     """(k,) per node, the estimated probability that the target accepts its whole path (the
     `AcceptanceFn` multiplied along it), never above its parent's; None when not estimated."""
+    support: torch.Tensor | None = None
+    """(V_s,) int64 the target ids outside which every node's logits are -inf (a reduced draft
+    vocabulary), or None (the whole vocabulary): confidence signals read these columns only."""
 
     def __post_init__(self) -> None:
         if self.parents is None:
@@ -185,7 +188,15 @@ class Draft:
             logits=None if self.logits is None else self.logits[index],
             parents=torch.tensor(parents, dtype=torch.long),
             values=None if self.values is None else self.values[index],
+            support=self.support,
         )
+
+    def supported_logits(self) -> torch.Tensor | None:
+        """`logits` (k, V_s) on the `support` columns only: the same confidence signals, without
+        the -inf columns of a reduced draft vocabulary, which are most of the work."""
+        if self.logits is None or self.support is None:
+            return self.logits
+        return self.logits.index_select(-1, self.support.to(self.logits.device))
 
     def children(self, node: int) -> list[int]:
         """The children of `node` (-1: of the newest committed token), in draft order."""

@@ -250,9 +250,9 @@ class FeatureDrafter(Drafter):
             hidden = self._catch_up()
             committed_rows = len(self._own)
             if request.shape.is_chain:
-                draft = self._chain(hidden, DraftBuilder(request))
+                draft = self._chain(hidden, DraftBuilder(request, support=self._d2t))
             else:
-                draft = self._tree(hidden, DynamicTree.for_request(request))
+                draft = self._tree(hidden, DynamicTree.for_request(request, support=self._d2t))
         # Rows built on predicted features go: accepted ones are rebuilt on real features.
         self._own.keep(committed_rows)
         return draft

@@ -146,11 +146,18 @@ class DraftBuilder:
     processing as the target's), which is what keeps rejection sampling exact.
     """
 
-    def __init__(self, request: DraftRequest, max_draft_tokens: int | None = None) -> None:
-        """A chain for request of at most max_draft_tokens (default: the request's depth)."""
+    def __init__(
+        self,
+        request: DraftRequest,
+        max_draft_tokens: int | None = None,
+        support: torch.Tensor | None = None,
+    ) -> None:
+        """A chain for request of at most max_draft_tokens (default: the request's depth), from
+        logits that are -inf outside the target ids `support` (None: nowhere; `Draft.support`)."""
         self.max_draft_tokens = (
             request.shape.depth if max_draft_tokens is None else max_draft_tokens
         )
+        self.support = support
         self.sampling = request.sampling
         self.generator = request.generator
         self.stop = request.stop
@@ -186,6 +193,7 @@ class DraftBuilder:
             tokens=torch.tensor(self.tokens, dtype=torch.long),
             probs=torch.stack(self._probs) if self._probs else None,
             logits=torch.stack(self._logits),
+            support=self.support,
         )
 
 

@@ -49,6 +49,7 @@ class DynamicTree:
         stop: TreeStopFn | None = None,
         sampling: SamplingParams | None = None,
         generator: torch.Generator | None = None,
+        support: torch.Tensor | None = None,
     ) -> None:
         self.shape = shape
         self.acceptance = acceptance
@@ -56,6 +57,9 @@ class DynamicTree:
         self.sampling = None if sampling is None or sampling.greedy else sampling
         """None: greedy (top-k children); else the processing children are sampled under."""
         self.generator = generator
+        self.support = support
+        """(V_s,) the target ids a reduced draft vocabulary covers (the logits are -inf elsewhere),
+        or None: nodes are valued and ranked on these columns only, the same values faster."""
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depths: list[int] = []
@@ -67,14 +71,21 @@ class DynamicTree:
         self._probs: list[torch.Tensor] = []  # under sampling, per node: q it was drawn from (V,)
 
     @classmethod
-    def for_request(cls, request: DraftRequest, shape: TreeShape | None = None) -> DynamicTree:
-        """The tree a request asks for (of `shape` instead of the request's, when given)."""
+    def for_request(
+        cls,
+        request: DraftRequest,
+        shape: TreeShape | None = None,
+        support: torch.Tensor | None = None,
+    ) -> DynamicTree:
+        """The tree a request asks for (of `shape` instead of the request's, when given), from a
+        drafter whose logits are -inf outside the target ids `support` (None: nowhere)."""
         return cls(
             shape or request.shape,
             request.acceptance,
             request.tree_stop,
             request.sampling,
             request.generator,
+            support,
         )
 
     def grow(self, root_logits: torch.Tensor, expand: Expand) -> Draft:
@@ -95,18 +106,20 @@ class DynamicTree:
         """Give each of nodes (-1: the root) its children from its logits (len(nodes), V): the
         top_k tokens (greedy) or draws without replacement (sampling); returns the new nodes."""
         logits = logits.float()
+        supported = logits if self.support is None else logits.index_select(-1, self.support)
         depth = torch.tensor([0 if n < 0 else self.depths[n] for n in nodes])
-        raw_top1 = logits.softmax(-1).amax(-1)
+        raw_top1 = supported.softmax(-1).amax(-1)
         parent_raw = torch.tensor([1.0 if n < 0 else self._raw_paths[n] for n in nodes])
         raw_paths = parent_raw * raw_top1
-        accept = self.acceptance(logits, depth, raw_paths)
+        accept = self.acceptance(supported, depth, raw_paths)
         top = accept.topk(min(self.shape.top_k, accept.shape[-1]), dim=-1)
         parent_values = torch.tensor([1.0 if n < 0 else self.values[n] for n in nodes])
         values = parent_values[:, None] * top.values  # (len(nodes), top_k), by rank
         if self.sampling is None:
+            ids = top.indices if self.support is None else self.support[top.indices]
             children = [
                 [(t, v, None) for t, v in zip(tokens, row, strict=True) if v > 0.0]
-                for tokens, row in zip(top.indices.tolist(), values.tolist(), strict=True)
+                for tokens, row in zip(ids.tolist(), values.tolist(), strict=True)
             ]  # a value of 0: the drafter rules the token out (outside its vocabulary)
         else:
             children = self._sampled_children(logits, values)
@@ -169,6 +182,7 @@ class DynamicTree:
                 [renumber.get(self.parents[n], -1) for n in kept], dtype=torch.long
             ),
             values=torch.tensor([self.values[n] for n in kept]),
+            support=self.support,
         )
 
 

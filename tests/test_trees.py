@@ -13,9 +13,11 @@ from head_helpers import HEADS, build_head
 from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.signals import confidence_signals
 from draftsmith.core.target import Target
 from draftsmith.core.tree import ancestor_mask, chain_parents, tree_depths
 from draftsmith.decoding import verify_greedy
+from draftsmith.decoding.online import draft_signals
 from draftsmith.heads import Draft, DraftModelDrafter, NgramDrafter, TreeShape
 from draftsmith.heads.base import raw_acceptance
 from draftsmith.heads.tree import DynamicTree
@@ -120,6 +122,38 @@ def test_dynamic_tree_values_budget_and_closure():
         siblings.setdefault(int(draft.parents[node]), []).append(int(draft.tokens[node]))
     assert all(len(set(t)) == len(t) for t in siblings.values())
     assert draft.logits.shape == (5, 4)
+
+
+def test_a_tree_over_a_reduced_vocabulary_is_scored_on_its_support_alike():
+    """A drafter whose logits are -inf outside a reduced vocabulary values and ranks nodes on
+    those columns only (`DynamicTree.support`): the same tree, values and confidence signals as
+    over the whole vocabulary."""
+    support = torch.tensor([7, 2, 11, 5, 13])
+    rows = torch.Generator().manual_seed(0)
+
+    def logits(count: int) -> torch.Tensor:
+        full = torch.full((count, 16), float("-inf"))
+        full[:, support] = torch.randn(count, len(support), generator=rows) * 2
+        return full
+
+    def by_entropy(scored, depth, path):  # reads every signal a calibrator may read
+        signals = confidence_signals(scored)
+        return scored.softmax(-1) * (signals["margin"] * (-signals["entropy"]).exp())[:, None]
+
+    expansions = [logits(1)] + [logits(3) for _ in range(3)]
+    shape = TreeShape(top_k=3, depth=4, total_tokens=10)
+    drafts = []
+    for given in (None, support):
+        steps = iter(expansions[1:])
+        tree = DynamicTree(shape, by_entropy, support=given)
+        drafts.append(tree.grow(expansions[0][0], lambda nodes, steps=steps: next(steps)))
+    whole, reduced = drafts
+    assert torch.equal(whole.tokens, reduced.tokens) and torch.equal(whole.parents, reduced.parents)
+    assert set(reduced.tokens.tolist()) <= set(support.tolist())
+    assert reduced.values.tolist() == pytest.approx(whole.values.tolist())
+    assert reduced.support is support and whole.support is None
+    for name, value in draft_signals(reduced).items():
+        assert value.tolist() == pytest.approx(draft_signals(whole)[name].tolist()), name
 
 
 def _sampled_tree(seed: int, shape: TreeShape):
