@@ -136,7 +136,10 @@ def test_a_tree_over_a_reduced_vocabulary_is_scored_on_its_support_alike():
         full[:, support] = torch.randn(count, len(support), generator=rows) * 2
         return full
 
+    widths = []
+
     def by_entropy(scored, depth, path):  # reads every signal a calibrator may read
+        widths.append(scored.shape[-1])
         signals = confidence_signals(scored)
         return scored.softmax(-1) * (signals["margin"] * (-signals["entropy"]).exp())[:, None]
 
@@ -144,9 +147,11 @@ def test_a_tree_over_a_reduced_vocabulary_is_scored_on_its_support_alike():
     shape = TreeShape(top_k=3, depth=4, total_tokens=10)
     drafts = []
     for given in (None, support):
+        widths.clear()
         steps = iter(expansions[1:])
         tree = DynamicTree(shape, by_entropy, support=given)
         drafts.append(tree.grow(expansions[0][0], lambda nodes, steps=steps: next(steps)))
+    assert set(widths) == {len(support)}  # the reduced tree scored the support's columns only
     whole, reduced = drafts
     assert torch.equal(whole.tokens, reduced.tokens) and torch.equal(whole.parents, reduced.parents)
     assert set(reduced.tokens.tolist()) <= set(support.tolist())
