@@ -34,7 +34,8 @@ def test_small_rows_linear_computes_what_linear_does(rows, bias):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_small_rows_swaps_float32_linears_within_the_block_only():
+def test_small_rows_swaps_float32_linears_within_the_block_only(monkeypatch):
+    monkeypatch.setattr(small_rows_module.bf16_rows, "available", lambda: False)  # as with AMX
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).bfloat16(), nn.Embedding(4, 8))
     with small_rows(model, rows=4):
         assert [type(m) for m in model] == [SmallRowsLinear, nn.Linear, nn.Embedding]

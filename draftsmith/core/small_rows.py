@@ -11,6 +11,9 @@ to 1.9x that for 2 to 12 rows (MKL: up to 3.1x). Measured in `benchmarks/README.
 The packed weight is a second copy of each swapped layer's weight, made by `prepack` (decoders
 and drafters call it at load) or on first use, and kept while the layer lives (repacked when the
 weight changes); DRAFTSMITH_SMALL_ROWS=0 turns the whole mechanism off.
+
+bfloat16 layers on CPUs where oneDNN has no bf16 kernels (AVX2 without AVX-512 or AMX) become
+`Bf16RowsLinear`, on draftsmith's own kernel (`bf16_rows`); elsewhere bf16 stays torch's.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from draftsmith.core import bf16_rows
 
 MAX_ROWS = 64
 """Most rows computed on the packed weight; above, F.linear (a prefill or a training batch) is
@@ -69,14 +74,28 @@ class SmallRowsLinear(nn.Linear):
         )
 
 
-def _packing_pays(weight: torch.Tensor) -> bool:
-    """Plain float32 CPU weights: the measured case (a sharded weight computes its own way;
-    bf16 and accelerators do not go through sgemm)."""
-    return (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and not isinstance(weight, DTensor)
-    )
+class Bf16RowsLinear(nn.Linear):
+    """`nn.Linear` computing 1..MAX_ROWS bf16 rows without autograd on draftsmith's kernel
+    (`bf16_rows`); anything else runs F.linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if not 1 <= rows <= MAX_ROWS or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return bf16_rows.linear(x, self.weight, self.bias)
+
+
+def _small_rows_class(weight: torch.Tensor) -> type[nn.Linear] | None:
+    """The class a layer with this weight computes few rows with, or None to leave it: plain
+    float32 CPU weights (packed for oneDNN), and bf16 CPU weights where our kernel is needed and
+    built (a sharded weight computes its own way; accelerators do not go through these)."""
+    if weight.device.type != "cpu" or isinstance(weight, DTensor):
+        return None
+    if weight.dtype == torch.float32:
+        return SmallRowsLinear
+    if weight.dtype == torch.bfloat16 and bf16_rows.available():
+        return Bf16RowsLinear
+    return None
 
 
 _LINEARS: WeakKeyDictionary[nn.Module, list[nn.Module]] = WeakKeyDictionary()
@@ -86,8 +105,9 @@ than a one-token forward can spare."""
 
 @contextmanager
 def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
-    """Within the block, model's float32 CPU `nn.Linear` layers are `SmallRowsLinear` (the same
-    parameters), and plain `nn.Linear` again after it, even on an error. rows: the positions
+    """Within the block, model's float32 CPU `nn.Linear` layers are `SmallRowsLinear` and its
+    bf16 ones `Bf16RowsLinear` where that kernel is needed (the same parameters), and plain
+    `nn.Linear` again after it, even on an error. rows: the positions
     (batch x tokens) of the one forward the block runs, to skip the swap where it would change
     nothing; None for a block of many forwards (Hugging Face's `generate`), each dispatched by
     its own rows. Nested blocks leave the layers to the outermost; with `ENABLED` false the
@@ -95,28 +115,32 @@ def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
     if not ENABLED or (rows is not None and not 1 <= rows <= MAX_ROWS):
         yield
         return
-    swapped = [m for m in _linears(model) if type(m) is nn.Linear]
+    swapped = [(m, cls) for m, cls in _linears(model) if type(m) is nn.Linear]
     # object.__setattr__: nn.Module's own __setattr__ costs microseconds per layer.
-    for module in swapped:
-        object.__setattr__(module, "__class__", SmallRowsLinear)
+    for module, cls in swapped:
+        object.__setattr__(module, "__class__", cls)
     try:
         yield
     finally:
-        for module in swapped:
+        for module, _ in swapped:
             object.__setattr__(module, "__class__", nn.Linear)
 
 
 def prepack(model: nn.Module) -> None:
-    """Pack the weights `small_rows` would swap in model now: its first forward on them would
-    otherwise pay for the packing (seconds for a billion weights) and a decoder would time it as
-    verification. Nothing with `ENABLED` false."""
+    """Pack the weights `small_rows` would swap in model now (and build the bf16 kernel where it
+    swaps bf16 layers): its first forward on them would otherwise pay for the packing (seconds
+    for a billion weights) and a decoder would time it as verification. Nothing with `ENABLED`
+    false."""
     if ENABLED:
-        for layer in _linears(model):
-            packed_weight(layer)
+        for layer, cls in _linears(model):
+            if cls is SmallRowsLinear:
+                packed_weight(layer)
 
 
-def _linears(model: nn.Module) -> list[nn.Module]:
-    """model's `nn.Linear` layers whose weights packing pays for (found once)."""
+def _linears(model: nn.Module) -> list[tuple[nn.Module, type[nn.Linear]]]:
+    """model's `nn.Linear` layers (found once) that compute few rows another way, each with the
+    class that does (`_small_rows_class`)."""
     if model not in _LINEARS:
         _LINEARS[model] = [m for m in model.modules() if type(m) is nn.Linear]
-    return [m for m in _LINEARS[model] if _packing_pays(m._parameters["weight"])]
+    found = ((m, _small_rows_class(m._parameters["weight"])) for m in _LINEARS[model])
+    return [(m, cls) for m, cls in found if cls is not None]

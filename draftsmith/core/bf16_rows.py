@@ -1,0 +1,89 @@
+"""bfloat16 linear layers over a few rows on x86 CPUs without bf16 matrix units.
+
+There (AVX2 CPUs: AMD EPYC up to Zen 3, Intel before Cooper Lake) neither MKL nor oneDNN
+computes bf16 matrices: torch's fallback reads the whole weight once per row of x, so a forward
+over k tokens costs about k one-token forwards (SmolLM2-135M: 4 tokens 2.8-3.2x one, 16 tokens
+7-12x), while one token in bf16 costs half what it does in float32 (a decoding step reads half
+the bytes). Speculation in bf16 then cannot pay, and in float32 it races a plain baseline twice
+as slow as the machine's best. Our kernel (`csrc/bf16_rows.cpp`) reads each weight row once,
+widens it to float32 in registers and multiplies it with every row of x, accumulating in
+float32 as torch does: 2-8 rows cost about what one does. Measured in `benchmarks/README.md`.
+
+The kernel is compiled on first use (about 35 s, with the C++ compiler torch extensions use),
+into `~/.cache/draftsmith/extensions`; where that fails, or the CPU lacks AVX2 and FMA, or it has
+bf16 units (oneDNN's kernels then serve bf16 well), `available()` is false and layers stay
+torch's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "bf16_rows.cpp"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def needed() -> bool:
+    """The CPU runs AVX2 and FMA but oneDNN has no bf16 kernels for it (no AVX-512 BW/VL/DQ,
+    AVX-NE-CONVERT or AMX): the case the kernel is for."""
+    flags = _cpu_flags()
+    return {"avx2", "fma"} <= flags and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@cache
+def _kernel():
+    from torch.utils.cpp_extension import load  # noqa: PLC0415 (torch's build tools: only here)
+
+    build = Path.home() / ".cache" / "draftsmith" / "extensions" / f"torch-{torch.__version__}"
+    build.mkdir(parents=True, exist_ok=True)
+    logger.info("building the bf16 small-rows kernel into %s (once per machine)", build)
+    return load(
+        name="draftsmith_bf16_rows",
+        sources=[str(SOURCE)],
+        # -fopenmp: at::parallel_for splits the rows over torch's threads only when OpenMP is on.
+        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build),
+        verbose=False,
+    )
+
+
+@cache
+def available() -> bool:
+    """The kernel is needed here and built (a failed build warns once and leaves torch's
+    kernels in place)."""
+    if not needed():
+        return False
+    try:
+        _kernel()
+    except Exception as err:  # noqa: BLE001 (any build failure: fall back, never fail decoding)
+        logger.warning(
+            "bf16 linear layers keep torch's kernels (a forward over k tokens costs about k "
+            "one-token forwards on this CPU): building draftsmith's kernel failed (%s)",
+            str(err).splitlines()[0] if str(err) else type(err).__name__,
+        )
+        return False
+    return True
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear for bf16 x (..., in), weight (out, in) and bias (out,) through the kernel ->
+    (..., out) bf16: float32 products and sums, rounded to bf16 once at the end (as torch
+    rounds its own)."""
+    return _kernel().linear_rows(x, weight, bias)
