@@ -64,9 +64,10 @@ def test_small_rows_swaps_bf16_linears_where_the_kernel_is_needed(kernel_in_use)
     assert [type(m) for m in model] == [nn.Linear] * 3
 
 
-def test_a_bf16_forward_under_small_rows_matches_the_plain_forward(kernel_in_use):
+@pytest.mark.parametrize("tokens", [6, MAX_ROWS + 8])  # a few rows; a prefill
+def test_a_bf16_forward_under_small_rows_matches_the_plain_forward(kernel_in_use, tokens):
     model = tiny_model().bfloat16().eval()
-    ids = torch.randint(model.config.vocab_size, (1, 6))
+    ids = torch.randint(model.config.vocab_size, (1, tokens))
     calls = []
     forward = Bf16RowsLinear.forward
     with torch.no_grad():
@@ -101,3 +102,35 @@ def test_a_failed_build_keeps_torchs_kernels_and_says_so(monkeypatch, caplog):
 def test_the_kernel_is_not_used_where_onednn_has_bf16_kernels(monkeypatch):
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     assert bf16_rows.needed() is False
+
+
+@pytest.mark.parametrize("out_features", [bf16_rows.WIDEN_BLOCK * 2 + 3, 7])  # a tail block; one
+@pytest.mark.parametrize("bias", [True, False])
+def test_many_rows_compute_linear_to_bf16_rounding_in_blocks(out_features, bias):
+    torch.manual_seed(out_features)
+    weight = torch.randn(out_features, 96).bfloat16()
+    b = torch.randn(out_features).bfloat16() if bias else None
+    x = torch.randn(2, bf16_rows.MAX_ROWS, 96).bfloat16()
+    got = bf16_rows.linear_many(x, weight, b)
+    widened = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    assert got.dtype == torch.bfloat16 and got.shape == (2, bf16_rows.MAX_ROWS, out_features)
+    assert torch.equal(got, widened.bfloat16())  # each output rounded once, as `linear` rounds
+
+
+def test_bf16_layers_take_the_kernel_for_few_rows_and_blocks_for_many(kernel_in_use, monkeypatch):
+    layer = nn.Linear(16, 8).bfloat16()
+    layer.__class__ = Bf16RowsLinear
+    taken = []
+    monkeypatch.setattr(bf16_rows, "linear", lambda *a: taken.append("kernel") or F.linear(*a))
+    monkeypatch.setattr(bf16_rows, "linear_many", lambda *a: taken.append("blocks") or F.linear(*a))
+    with torch.no_grad():
+        for rows in (1, bf16_rows.MAX_ROWS, bf16_rows.MAX_ROWS + 1, 500):
+            layer(torch.randn(rows, 16).bfloat16())
+    assert taken == ["kernel", "kernel", "blocks", "blocks"]
+
+
+def test_a_prefill_under_small_rows_swaps_only_the_bf16_layers(kernel_in_use):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).bfloat16())
+    with small_rows(model, rows=MAX_ROWS + 1):
+        assert [type(m) for m in model] == [nn.Linear, Bf16RowsLinear]
+    assert [type(m) for m in model] == [nn.Linear] * 2

@@ -1,4 +1,4 @@
-"""bfloat16 linear layers over a few rows on x86 CPUs without bf16 matrix units.
+"""bfloat16 linear layers on x86 CPUs without bf16 matrix units.
 
 There (AVX2 CPUs: AMD EPYC up to Zen 3, Intel before Cooper Lake) neither MKL nor oneDNN
 computes bf16 matrices: torch's fallback reads the whole weight once per row of x, so a forward
@@ -7,7 +7,9 @@ over k tokens costs about k one-token forwards (SmolLM2-135M: 4 tokens 2.8-3.2x 
 the bytes). Speculation in bf16 then cannot pay, and in float32 it races a plain baseline twice
 as slow as the machine's best. Our kernel (`csrc/bf16_rows.cpp`) reads each weight row once,
 widens it to float32 in registers and multiplies it with every row of x, accumulating in
-float32 as torch does: 2-8 rows cost about what one does. Measured in `benchmarks/README.md`.
+float32 as torch does: 2-8 rows cost about what one does. Past `MAX_ROWS` (a prefill),
+`linear_many` widens the weight to float32 a block at a time for MKL's GEMM, at float32's speed
+where torch's fallback costs about five times that. Measured in `benchmarks/README.md`.
 
 The kernel is compiled on first use (about 35 s, with the C++ compiler torch extensions use),
 into `~/.cache/draftsmith/extensions`; where that fails, or the CPU lacks AVX2 and FMA, or it has
@@ -22,6 +24,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +85,32 @@ def available() -> bool:
     return True
 
 
+MAX_ROWS = 48
+"""Most rows `linear` takes: its cost grows with the rows past about 8, and from here float32
+GEMMs on widened blocks of the weight (`linear_many`) cost as little."""
+
+WIDEN_BLOCK = 512
+"""Weight rows `linear_many` widens to float32 at a time: a block (3 MiB at 1,536 inputs) stays
+in cache for its GEMM, where widening the whole weight first writes and rereads a float32 copy
+twice its size."""
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear for bf16 x (..., in), weight (out, in) and bias (out,) through the kernel ->
     (..., out) bf16: float32 products and sums, rounded to bf16 once at the end (as torch
     rounds its own)."""
     return _kernel().linear_rows(x, weight, bias)
+
+
+def linear_many(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear for bf16 x (..., in) over many rows (a prefill) -> (..., out) bf16: float32
+    GEMMs on `WIDEN_BLOCK` weight rows widened at a time, rounded to bf16 once, as `linear`
+    rounds. Where oneDNN has no bf16 kernels this runs at float32's speed; torch's fallback
+    costs about five times that."""
+    rows = x.reshape(-1, x.shape[-1]).float()
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16, device=x.device)
+    for start in range(0, weight.shape[0], WIDEN_BLOCK):
+        block = slice(start, start + WIDEN_BLOCK)
+        block_bias = None if bias is None else bias[block].float()
+        out[:, block] = F.linear(rows, weight[block].float(), block_bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])

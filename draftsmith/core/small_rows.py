@@ -75,14 +75,17 @@ class SmallRowsLinear(nn.Linear):
 
 
 class Bf16RowsLinear(nn.Linear):
-    """`nn.Linear` computing 1..MAX_ROWS bf16 rows without autograd on draftsmith's kernel
-    (`bf16_rows`); anything else runs F.linear."""
+    """`nn.Linear` computing bf16 rows without autograd on draftsmith's kernel (`bf16_rows`):
+    up to its `MAX_ROWS` in one pass over the weight, more (a prefill) as float32 GEMMs on
+    blocks of it; a forward that records gradients runs F.linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if not 1 <= rows <= MAX_ROWS or torch.is_grad_enabled():
+        if rows == 0 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        return bf16_rows.linear(x, self.weight, self.bias)
+        if rows <= bf16_rows.MAX_ROWS:
+            return bf16_rows.linear(x, self.weight, self.bias)
+        return bf16_rows.linear_many(x, self.weight, self.bias)
 
 
 def _small_rows_class(weight: torch.Tensor) -> type[nn.Linear] | None:
@@ -112,10 +115,16 @@ def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
     nothing; None for a block of many forwards (Hugging Face's `generate`), each dispatched by
     its own rows. Nested blocks leave the layers to the outermost; with `ENABLED` false the
     block changes nothing."""
-    if not ENABLED or (rows is not None and not 1 <= rows <= MAX_ROWS):
+    if not ENABLED or rows == 0:
         yield
         return
-    swapped = [(m, cls) for m, cls in _linears(model) if type(m) is nn.Linear]
+    # Many rows: float32 runs as fast on F.linear, bf16 still needs `Bf16RowsLinear`.
+    many = rows is not None and rows > MAX_ROWS
+    swapped = [
+        (m, cls)
+        for m, cls in _linears(model)
+        if type(m) is nn.Linear and not (many and cls is SmallRowsLinear)
+    ]
     # object.__setattr__: nn.Module's own __setattr__ costs microseconds per layer.
     for module, cls in swapped:
         object.__setattr__(module, "__class__", cls)
