@@ -31,30 +31,41 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// R rows of x (ldx apart) dotted with one weight row of `in` bf16 values; out[r * ldo].
-template <int R>
-inline void dot_rows(const uint16_t* w, const float* x, int64_t in, int64_t ldx, float* out,
-                     int64_t ldo) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+// RW weight rows (ldw apart) dotted with RX rows of x (ldx apart), `in` values each:
+// out[r * ldo + a] for x row r and weight row a. Each loaded weight vector serves RX rows and
+// each x vector RW weight rows, so the loads per multiply-add fall as the tile grows.
+template <int RW, int RX>
+inline void dot_tile(const uint16_t* w, int64_t ldw, const float* x, int64_t ldx, int64_t in,
+                     float* out, int64_t ldo) {
+  __m256 acc[RW][RX];
+  for (int a = 0; a < RW; ++a)
+    for (int r = 0; r < RX; ++r) acc[a][r] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= in; i += 8) {
-    __m256 wv = load_bf16(w + i);
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * ldx + i), acc[r]);
+    __m256 wv[RW];
+    for (int a = 0; a < RW; ++a) wv[a] = load_bf16(w + a * ldw + i);
+    for (int r = 0; r < RX; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * ldx + i);
+      for (int a = 0; a < RW; ++a) acc[a][r] = _mm256_fmadd_ps(wv[a], xv, acc[a][r]);
+    }
   }
-  for (int r = 0; r < R; ++r) {
-    float s = horizontal_sum(acc[r]);
-    for (int64_t j = i; j < in; ++j) s += bf16_to_float(w[j]) * x[r * ldx + j];
-    out[r * ldo] = s;
-  }
+  for (int a = 0; a < RW; ++a)
+    for (int r = 0; r < RX; ++r) {
+      float s = horizontal_sum(acc[a][r]);
+      for (int64_t j = i; j < in; ++j) s += bf16_to_float(w[a * ldw + j]) * x[r * ldx + j];
+      out[r * ldo + a] = s;
+    }
 }
 
-using DotRows = void (*)(const uint16_t*, const float*, int64_t, int64_t, float*, int64_t);
-constexpr int kTile = 8;  // rows of x per pass over a weight row: 8 accumulators + operands fit 16 ymm
-constexpr DotRows kDot[kTile + 1] = {nullptr,      dot_rows<1>, dot_rows<2>, dot_rows<3>,
-                                     dot_rows<4>, dot_rows<5>, dot_rows<6>, dot_rows<7>,
-                                     dot_rows<8>};
+using DotTile = void (*)(const uint16_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+// Tiles of up to 3 weight rows x 4 rows of x: 12 accumulators, 3 weight vectors and one x vector
+// fill the 16 ymm registers (fastest of 2x4, 2x6, 3x4 and 4x3 on Zen 3, benchmarks/README.md).
+constexpr int kTileW = 3, kTileX = 4;
+constexpr DotTile kTile[kTileW][kTileX] = {
+    {dot_tile<1, 1>, dot_tile<1, 2>, dot_tile<1, 3>, dot_tile<1, 4>},
+    {dot_tile<2, 1>, dot_tile<2, 2>, dot_tile<2, 3>, dot_tile<2, 4>},
+    {dot_tile<3, 1>, dot_tile<3, 2>, dot_tile<3, 3>, dot_tile<3, 4>}
+};
 
 }  // namespace
 
@@ -92,12 +103,15 @@ torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& weight,
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const float* xp = xf.data();
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    float sums[kTile];
-    for (int64_t o = begin; o < end; ++o) {
-      for (int64_t r = 0; r < rows; r += kTile) {
-        const int64_t n = std::min<int64_t>(kTile, rows - r);
-        kDot[n](wp + o * in, xp + r * in, in, in, sums, 1);
-        for (int64_t j = 0; j < n; ++j) yp[(r + j) * out + o] = float_to_bf16(sums[j] + bf[o]);
+    float sums[kTileX * kTileW];
+    for (int64_t o = begin; o < end; o += kTileW) {
+      const int64_t nw = std::min<int64_t>(kTileW, end - o);
+      for (int64_t r = 0; r < rows; r += kTileX) {
+        const int64_t nx = std::min<int64_t>(kTileX, rows - r);
+        kTile[nw - 1][nx - 1](wp + o * in, in, xp + r * in, in, in, sums, kTileW);
+        for (int64_t j = 0; j < nx; ++j)
+          for (int64_t a = 0; a < nw; ++a)
+            yp[(r + j) * out + o + a] = float_to_bf16(sums[j * kTileW + a] + bf[o + a]);
       }
     }
   });
