@@ -64,7 +64,7 @@ def test_small_rows_swaps_bf16_linears_where_the_kernel_is_needed(kernel_in_use)
     assert [type(m) for m in model] == [nn.Linear] * 3
 
 
-@pytest.mark.parametrize("tokens", [6, MAX_ROWS + 8])  # a few rows; a prefill
+@pytest.mark.parametrize("tokens", [6, bf16_rows.MAX_ROWS + 8])  # a few rows; a prefill
 def test_a_bf16_forward_under_small_rows_matches_the_plain_forward(kernel_in_use, tokens):
     model = tiny_model().bfloat16().eval()
     ids = torch.randint(model.config.vocab_size, (1, tokens))

@@ -7,7 +7,7 @@ over k tokens costs about k one-token forwards (SmolLM2-135M: 4 tokens 2.8-3.2x 
 the bytes). Speculation in bf16 then cannot pay, and in float32 it races a plain baseline twice
 as slow as the machine's best. Our kernel (`csrc/bf16_rows.cpp`) reads each weight row once,
 widens it to float32 in registers and multiplies it with every row of x, accumulating in
-float32 as torch does: 2-8 rows cost about what one does. Past `MAX_ROWS` (a prefill),
+float32 as torch does: a few rows cost little more than one. Past `MAX_ROWS` (a prefill),
 `linear_many` widens the weight to float32 a block at a time for MKL's GEMM, at float32's speed
 where torch's fallback costs about five times that. Measured in `benchmarks/README.md`.
 
@@ -85,9 +85,9 @@ def available() -> bool:
     return True
 
 
-MAX_ROWS = 48
-"""Most rows `linear` takes: its cost grows with the rows past about 8, and from here float32
-GEMMs on widened blocks of the weight (`linear_many`) cost as little."""
+MAX_ROWS = 96
+"""Most rows `linear` takes: its cost grows with the rows, and from about here float32 GEMMs
+on widened blocks of the weight (`linear_many`) cost as little."""
 
 WIDEN_BLOCK = 512
 """Weight rows `linear_many` widens to float32 at a time: a block (3 MiB at 1,536 inputs) stays
