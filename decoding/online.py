@@ -98,14 +98,20 @@ class OnlineAcceptance:
     Model: with z = logit(p_offline) (p_offline from the wrapped calibrator, or the raw
     `top1_prob` without one),
 
-        P(accept) = sigmoid(a + b * z),   prior (a, b) ~ N((0, 1), I / prior_strength),
+        P(accept) = sigmoid(a_g + b_g * z),   prior (a_g, b_g) ~ N((0, 1), I / prior_strength),
 
-    so before any observation it predicts exactly the offline model, and a workload where the
-    offline fit is too confident moves a below 0 (a shift) or b below 1 (a flattening).
+    with one correction g for the first token a round drafts (`position` 0) and one for the
+    tokens after it (`position` >= 1, judged only when every token before it was accepted). At
+    equal confidence the two are accepted at different rates, so one correction shared by both
+    is off for each (first tokens overrated, later ones underrated, on the quickstart head's
+    decoding; benchmarks/README.md, session 32), and the first token's acceptance is what
+    decides whether drafting pays at all. Before any observation each predicts exactly the
+    offline model, and a workload where the offline fit is too confident moves a below 0 (a
+    shift) or b below 1 (a flattening).
 
-    Posterior: a recursive Laplace approximation, N(mean, precision^-1), of a penalised
-    log-likelihood in which every observation, and the prior, fades by `forgetting` per later
-    observation:
+    Posterior, per correction: a recursive Laplace approximation, N(mean, precision^-1), of a
+    penalised log-likelihood in which every observation, and the prior, fades by `forgetting`
+    per later observation of that correction:
 
         -log post(t) = 0.5 w(t) |(a, b) - (0, 1)|^2 + sum_i forgetting^(t - t_i) logloss_i(a, b),
         w(t) = floor + forgetting^t (prior_strength - floor),
@@ -140,7 +146,8 @@ class OnlineAcceptance:
         noise); longer memories were worse for every prior. prior_strength 10 (the prior worth
         ~40 observations) is within 0.002 nats of the best and the most cautious of the near-best:
         three misses at top-1 0.9 move that prediction to 0.71 (to 0.42 at prior_strength 3).
-        Memory ~100 observations (forgetting 0.99) follows a new workload within a few prompts."""
+        Memory ~100 observations (forgetting 0.99) follows a new workload within a few prompts.
+        Those were chosen for one correction of every token; each of the two keeps them."""
         if not (math.isfinite(prior_strength) and prior_strength > 0):
             raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength}")
         if not 0.0 < forgetting <= 1.0:
@@ -152,11 +159,12 @@ class OnlineAcceptance:
 
     def reset(self) -> None:
         """Forget every observation: back to the prior (the offline model)."""
-        self.mean: tuple[float, float] = _PRIOR_MEAN
-        """The posterior mode (a, b)."""
-        self.precision: _Sym2 = (self.prior_strength, 0.0, self.prior_strength)
-        """The posterior precision of (a, b) as (aa, ab, bb)."""
-        self.n_observed = 0
+        self.corrections = (_Correction(self.prior_strength), _Correction(self.prior_strength))
+        """The corrections of first tokens (position 0) and of the tokens after them."""
+
+    @property
+    def n_observed(self) -> int:
+        return sum(c.n_observed for c in self.corrections)
 
     def offline_probs(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The offline model's P(accept) (k,) of each token (raw top1_prob without one)."""
@@ -167,8 +175,11 @@ class OnlineAcceptance:
     def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """P(the target accepts each token) (k,) float32 from its confidence signals (each (k,)),
         on the signals' device."""
-        a, b = self.mean
-        z = torch.logit(self.offline_probs(signals).float(), eps=_CLIP)
+        z = torch.logit(self.offline_probs(signals).float().cpu(), eps=_CLIP)
+        (a0, b0), (a1, b1) = (c.mean for c in self.corrections)
+        later = _later(signals, z.shape)
+        a = torch.where(later, a1, a0)
+        b = torch.where(later, b1, b0)
         return torch.sigmoid(a + b * z).to(signals["top1_prob"].device)
 
     def observe(self, signals: Mapping[str, torch.Tensor], accepted: torch.Tensor) -> None:
@@ -184,7 +195,35 @@ class OnlineAcceptance:
         z = [_logit(p) for p in self.offline_probs(signals).reshape(-1).tolist()]
         if len(z) != len(y):
             raise ValueError(f"{len(z)} tokens' signals but {len(y)} outcomes")
-        keep = self.forgetting ** len(y)
+        later = _later(signals, (len(z),)).tolist()
+        for group, correction in enumerate(self.corrections):
+            mine = [i for i, is_later in enumerate(later) if is_later == bool(group)]
+            if mine:
+                correction.update([z[i] for i in mine], [y[i] for i in mine], self.forgetting)
+
+
+def _later(signals: Mapping[str, torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+    """(k,) bool: which tokens come after a round's first (signals without `position`: none)."""
+    position = signals.get("position")
+    if position is None:
+        return torch.zeros(shape, dtype=torch.bool)
+    return position.cpu().reshape(shape) > 0
+
+
+class _Correction:
+    """One logit correction (a, b) of `OnlineAcceptance`, its posterior and what it has seen."""
+
+    def __init__(self, prior_strength: float) -> None:
+        self.prior_strength = prior_strength
+        self.mean: tuple[float, float] = _PRIOR_MEAN
+        """The posterior mode (a, b)."""
+        self.precision: _Sym2 = (prior_strength, 0.0, prior_strength)
+        """The posterior precision of (a, b) as (aa, ab, bb)."""
+        self.n_observed = 0
+
+    def update(self, z: Sequence[float], y: Sequence[float], forgetting: float) -> None:
+        """Take in outcomes y of tokens whose offline logits are z (see `OnlineAcceptance`)."""
+        keep = forgetting ** len(y)
         floor = min(_FLOOR, self.prior_strength)
         prior = (floor, 0.0, floor)
         precision = _add(_scale(self.precision, keep), _scale(prior, 1 - keep))

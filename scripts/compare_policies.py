@@ -11,7 +11,9 @@ reported as ratios to plain and to the first policy.
 
 A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
 tree=auto|TOP_KxDEPTHxTOTAL, raw=1 to rank drafts by raw confidence instead of the artifact's
-calibration, small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
+calibration, online=shared to recalibrate online with one correction for every drafted token
+(as `OnlineAcceptance` did before it corrected a round's first token apart from the later
+ones), small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. With --repeats N
 every prompt is decoded N times by every method, the methods' order rotating each time, and each
@@ -44,6 +46,7 @@ from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
 from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge, format_divergence
+from draftsmith.decoding.online import OnlineAcceptance
 
 
 def main() -> None:
@@ -65,6 +68,8 @@ def main() -> None:
             artifact = options.pop("artifact")
             own = build_drafter(f"artifact:{artifact}", target, tokenizer, dtype=args.dtype)
         acceptance = None if options.pop("raw", 0) else own.acceptance
+        if options.pop("online", "split") == "shared":
+            acceptance = OneCorrection(acceptance)
         weight_first[spec] = bool(options.pop("small_rows", 1))
         if name == "cost-aware" and not weight_first[spec]:
             parser.error(f"--policy {spec}: small_rows=0 with cost-aware plans on the wrong curve")
@@ -198,6 +203,21 @@ def _replay_plain(target, tokenizer, args, batch: DivergedBatch, position: int) 
         target, tokenizer, ids, args, position + 1, output_logits=True, return_dict_in_generate=True
     )
     return out.logits[position]
+
+
+class OneCorrection(OnlineAcceptance):
+    """`OnlineAcceptance` with one correction for every drafted token: the signals' positions
+    are dropped, so each token is corrected as a round's first one."""
+
+    def predict_signals(self, signals):
+        return super().predict_signals(_without_position(signals))
+
+    def observe(self, signals, accepted):
+        super().observe(_without_position(signals), accepted)
+
+
+def _without_position(signals: dict) -> dict:
+    return {name: value for name, value in signals.items() if name != "position"}
 
 
 def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:

@@ -11,14 +11,17 @@ Every prompt is decoded greedily with a chain of --draft-tokens; each round's ve
 labels the drafted top-1 tokens it judged (`round_outcomes`). Per workload (the records'
 "workload" field), in prompt order, every observed token gets three predictions made before its
 round is observed: raw top1_prob, the artifact's calibrator, and one `OnlineAcceptance` per
-workload that continues across the workload's prompts and is updated after each round. The
-chain policy never reads the acceptance model, so the online model is replayed over the recorded
-rounds in order after decoding: the same predictions as updating it inside the loop.
+workload that continues across the workload's prompts and is updated after each round (and,
+as "online_shared", the same model with one correction for every token, as it was before it
+corrected a round's first token apart from the later ones). The chain policy never reads the
+acceptance model, so the online model is replayed over the recorded rounds in order after
+decoding: the same predictions as updating it inside the loop.
 
 Reports per workload: observations, acceptance rate, and per predictor the mean prediction and
 equal-mass ECE (15 bins), over the whole stream and over observations after the first
---burn-in. --sweep also replays a grid of (prior strength, forgetting), the data to choose the
-defaults on (do that on prompts the report does not use).
+--burn-in, and after burn-in apart for each round's first token and the tokens after it.
+--sweep also replays a grid of (prior strength, forgetting), the data to choose the defaults on
+(do that on prompts the report does not use).
 """
 
 from __future__ import annotations
@@ -175,7 +178,12 @@ def summarise(
     predictions = {"raw": raw, "offline": offline_predictions(rounds, offline)}
     offline_s = (time.perf_counter() - started) / len(rounds)
     predictions["online"], online_s = replay(rounds, online)
+    shared = OnlineAcceptance(
+        online.offline, prior_strength=online.prior_strength, forgetting=online.forgetting
+    )
+    predictions["online_shared"], _ = replay(without_position(rounds), shared)
     after = slice(burn_in, None)
+    first = torch.cat([signals["position"] for signals, _ in rounds]).numpy() == 0
     return {
         "observations": int(outcomes.size),
         "rounds": len(rounds),
@@ -183,14 +191,36 @@ def summarise(
         "accepted_rate_after_burn_in": float(outcomes[after].mean()),
         "offline_ms_per_round": 1e3 * offline_s,
         "online_ms_per_round": 1e3 * online_s,
-        "online_params": {"a": online.mean[0], "b": online.mean[1]},
+        "online_params": {
+            group: {"a": c.mean[0], "b": c.mean[1], "observed": c.n_observed}
+            for group, c in zip(("first", "later"), online.corrections, strict=True)
+        },
         "ece_noise_floor_after_burn_in": noise_floor(predictions["online"][after]),
-        **{name: scores(conf, outcomes, after) for name, conf in predictions.items()},
+        **{name: scores(conf, outcomes, after, first) for name, conf in predictions.items()},
     }
 
 
-def scores(conf: np.ndarray, outcomes: np.ndarray, after: slice) -> dict[str, float]:
+def without_position(rounds: list[Round]) -> list[Round]:
+    """The rounds with no `position` signal: every token is corrected as a first one."""
+    return [({k: v for k, v in signals.items() if k != "position"}, y) for signals, y in rounds]
+
+
+def scores(
+    conf: np.ndarray, outcomes: np.ndarray, after: slice, first: np.ndarray
+) -> dict[str, float]:
+    by_position = {}
+    for name, mask in (("first", first), ("later", ~first)):
+        mask = mask.copy()
+        mask[: after.start] = False
+        by_position[f"{name}_after_burn_in"] = {
+            "observations": int(mask.sum()),
+            "accepted_rate": float(outcomes[mask].mean()) if mask.any() else float("nan"),
+            "mean_predicted": float(conf[mask].mean()) if mask.any() else float("nan"),
+            "ece": _ece(conf[mask], outcomes[mask]),
+            "nll": nll(conf[mask], outcomes[mask]) if mask.any() else float("nan"),
+        }
     return {
+        **by_position,
         "mean_predicted": float(conf.mean()),
         "ece": _ece(conf, outcomes),
         "mean_predicted_after_burn_in": float(conf[after].mean()),
@@ -238,10 +268,11 @@ def _ece(conf: np.ndarray, outcomes: np.ndarray) -> float:
 
 
 def print_table(report: dict) -> None:
-    predictors = ("raw", "offline", "online")
+    predictors = ("raw", "offline", "online_shared", "online")
     print(
-        f"\n{'workload':<26} {'n':>5} {'accept':>6} | mean predicted raw/offline/online | "
-        f"ECE raw/offline/online | after {report['burn_in']} obs: ECE raw/offline/online, floor"
+        f"\n{'workload':<26} {'n':>5} {'accept':>6} | mean predicted raw/offline/shared/online "
+        f"| ECE raw/offline/shared/online | after {report['burn_in']} obs: ECE "
+        "raw/offline/shared/online, floor"
     )
     for name, w in report["workloads"].items():
         means = "/".join(f"{w[p]['mean_predicted']:.3f}" for p in predictors)
@@ -252,6 +283,15 @@ def print_table(report: dict) -> None:
             f"{name:<26} {w['observations']:>5} {w['accepted_rate']:>6.3f} | {means:^33} | "
             f"{eces:^22} | {later}, {floor:.3f}"
         )
+        for group in ("first", "later"):
+            key = f"{group}_after_burn_in"
+            cells = ", ".join(
+                f"{p} {w[p][key]['mean_predicted']:.3f} ece {w[p][key]['ece']:.3f} "
+                f"nll {w[p][key]['nll']:.4f}"
+                for p in predictors
+            )
+            n, rate = w["online"][key]["observations"], w["online"][key]["accepted_rate"]
+            print(f"    {group:<6} {n:>5} accepted {rate:.3f}: {cells}")
     if any("sweep" in w for w in report["workloads"].values()):
         print_sweep(report["workloads"])
 

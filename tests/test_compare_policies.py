@@ -102,3 +102,15 @@ def test_the_scripts_replay_their_own_plain_run_for_the_divergence_judge(byte_to
     assert judged["run_gaps"][-1] == pytest.approx(
         float(replayed[0, pair[0]] - replayed[0, pair[1]])
     )
+
+
+def test_one_correction_corrects_every_token_as_a_first_one(script):
+    """The online=shared baseline drops the positions: later tokens' misses move its prediction
+    for a first token, where the default's first-token correction does not see them."""
+    first = {"top1_prob": torch.tensor([0.6]), "position": torch.tensor([0.0])}
+    later = {"top1_prob": torch.full((20,), 0.6), "position": torch.ones(20)}
+    shared, split = script.OneCorrection(), script.OnlineAcceptance()
+    for model in (shared, split):
+        model.observe(later, torch.zeros(20))
+    torch.testing.assert_close(split.predict_signals(first), torch.tensor([0.6]))
+    assert float(shared.predict_signals(first)[0]) < 0.5

@@ -103,6 +103,35 @@ def test_follows_a_workload_change():
         assert np.abs(top1[300:] - truth[300:]).mean() > 0.2
 
 
+def test_first_tokens_and_later_ones_are_corrected_apart():
+    """A stream whose first tokens are accepted less often than their confidence says and whose
+    later ones more often: one correction each follows both, where one shared by all could not
+    (it would settle between the two shifts)."""
+    rng = np.random.default_rng(7)
+    n = 3000
+    top1 = rng.uniform(0.05, 0.95, n)
+    position = rng.integers(0, 3, n).astype(np.float32)
+    truth = _sigmoid(_logit(top1) + np.where(position == 0, -1.0, 1.0))
+    outcomes = (rng.random(n) < truth).astype(np.float64)
+    model = OnlineAcceptance()
+    predicted = []
+    for start in range(0, n, 5):
+        part = slice(start, start + 5)
+        signals = {
+            "top1_prob": torch.tensor(top1[part], dtype=torch.float32),
+            "position": torch.tensor(position[part]),
+        }
+        predicted.append(model.predict_signals(signals).numpy())
+        model.observe(signals, torch.tensor(outcomes[part]))
+    predicted = np.concatenate(predicted)
+    after = slice(500, None)
+    assert np.abs(predicted[after] - truth[after]).mean() < 0.05
+    (a_first, _), (a_later, _) = (c.mean for c in model.corrections)
+    assert a_first < -0.5 and a_later > 0.5
+    shared = _run(OnlineAcceptance(), top1, outcomes)  # no position: one correction
+    assert np.abs(shared[after] - truth[after]).mean() > 0.1
+
+
 class _ShiftedModel:
     """An offline acceptance model that says sigmoid(logit(top1) + 1.5)."""
 
