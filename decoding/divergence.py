@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from draftsmith.core.cache import cache_argument, crop_cache
+from draftsmith.core.cache import cache_argument, crop_cache, returned_cache
 from draftsmith.core.ragged import left_padded
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def next_logits_by_shape(
     if prefix.numel() < 2:
         return torch.stack(rows)
     argument = cache_argument(model)
-    cache = model(input_ids=prefix[None, :-1], use_cache=True).past_key_values
+    cache = returned_cache(model(input_ids=prefix[None, :-1], use_cache=True))
 
     def block_logits(block: torch.Tensor) -> torch.Tensor:
         """The logits (m, V) of block (m,) after the cache, which then drops it again."""
@@ -180,12 +180,14 @@ def next_logits_in_batch(
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     ids, mask, positions = (x.to(model.device) for x in (ids, mask, positions))
     blocks = [m for m in RESCORE_BLOCKS if m < min(p.numel() for p in prefixes)]
-    cache = model(
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=positions[:, :-1],
-        use_cache=True,
-    ).past_key_values
+    cache = returned_cache(
+        model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+        )
+    )
     argument = cache_argument(model)
     rows = []
     for m in blocks:

@@ -6,6 +6,7 @@ import torch
 from conftest import perturbed_copy
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.core.cache import cache_argument, returned_cache
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.target import Target
 from draftsmith.core.tree import chain_parents
@@ -50,3 +51,12 @@ def test_draft_model_cache_matches_committed_tokens_after_decoding(llama):
     kept = drafter._own.tokens
     assert kept == committed[: len(kept)]
     _assert_cache_equals_prefill(draft, drafter._own.kv, kept)
+
+
+def test_the_cache_a_forward_returns_continues_it(llama):
+    ids = torch.tensor([[4, 8, 15, 16, 23]])
+    cache = returned_cache(llama(input_ids=ids[:, :-1], use_cache=True))
+    assert cache.get_seq_length() == 4
+    argument = cache_argument(llama)
+    step = llama(input_ids=ids[:, -1:], use_cache=True, **{argument: cache}).logits[0, -1]
+    torch.testing.assert_close(step, llama(input_ids=ids).logits[0, -1], atol=1e-5, rtol=1e-4)

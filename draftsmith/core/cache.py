@@ -26,6 +26,13 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def returned_cache(output) -> Cache:
+    """The KV cache a forward returned (`use_cache=True`): transformers 5 renamed the output's
+    `past_key_values` to `cache` too (the old name warns until it is removed)."""
+    cache = getattr(output, "cache", None)
+    return output.past_key_values if cache is None else cache
+
+
 def keep_cache_rows(cache: Cache, first: int, rows: torch.Tensor) -> None:
     """Keep the cached positions before `first`, then the positions `rows` (ascending, each >=
     first), in that order, and drop every other one, in place: after a draft tree's verification
