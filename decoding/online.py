@@ -175,9 +175,9 @@ class OnlineAcceptance:
     def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """P(the target accepts each token) (k,) float32 from its confidence signals (each (k,)),
         on the signals' device."""
-        z = torch.logit(self.offline_probs(signals).float().cpu(), eps=_CLIP)
+        z = torch.logit(self.offline_probs(signals).float(), eps=_CLIP)
         (a0, b0), (a1, b1) = (c.mean for c in self.corrections)
-        later = _later(signals, z.shape)
+        later = _later(signals, z.shape).to(z.device)
         a = torch.where(later, a1, a0)
         b = torch.where(later, b1, b0)
         return torch.sigmoid(a + b * z).to(signals["top1_prob"].device)
@@ -207,7 +207,7 @@ def _later(signals: Mapping[str, torch.Tensor], shape: tuple[int, ...]) -> torch
     position = signals.get("position")
     if position is None:
         return torch.zeros(shape, dtype=torch.bool)
-    return position.cpu().reshape(shape) > 0
+    return position.reshape(shape) > 0
 
 
 class _Correction:
