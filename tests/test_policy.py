@@ -333,7 +333,8 @@ def _drafted_round(policy: CostAwarePolicy, draft_s: float, accepted: int) -> No
     policy.observe(outcome)
 
 
-def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_of():
+def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_of(monkeypatch):
+    tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
     policy = CostAwarePolicy(
         cost=_curve([1.0] * 10), patience=0.25, first_backoff=2, probe_budget=0.05
     )
@@ -350,16 +351,35 @@ def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_o
     assert stretch == 66  # 3.3 s is 5% of 66 plain seconds; the doubling alone would give 2
 
 
-def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it_was_ahead():
+def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it_was_ahead(
+    monkeypatch,
+):
     """Rejected drafts lose their 0.125 s of drafting each against 1 s plain steps: eight of them
     lose exactly the one plain step of patience, a ninth falls back; a round that commits 4
     tokens for 1.3 s puts speculation ahead and the count starts again."""
+    tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
     policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=1.0)
     _drafted_round(policy, draft_s=0.1, accepted=0)  # catching up on the prompt
     for _ in range(5):
         _drafted_round(policy, draft_s=0.125, accepted=0)
     _drafted_round(policy, draft_s=0.3, accepted=3)
     for _ in range(8):
+        _drafted_round(policy, draft_s=0.125, accepted=0)
+        assert policy.speculating
+    _drafted_round(policy, draft_s=0.125, accepted=0)
+    assert not policy.speculating
+
+
+@pytest.mark.parametrize(("learning_s", "rounds"), [(0.0, 8), (0.125, 4)])
+def test_learning_from_a_drafted_round_is_a_cost_of_speculation(monkeypatch, learning_s, rounds):
+    """Rejected drafts lose their 0.125 s of drafting each against 1 s plain steps, plus the time
+    the policy takes to learn from the round (the online recalibration), outside the round the
+    decoder timed: with none, eight rounds lose the one plain step of patience and a ninth falls
+    back; with 0.125 s a round, four do and a fifth falls back."""
+    tick_clock(monkeypatch, learning_s)  # observe_round reads the clock before and after
+    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=1.0)
+    _drafted_round(policy, draft_s=0.1, accepted=0)  # catching up on the prompt
+    for _ in range(rounds):
         _drafted_round(policy, draft_s=0.125, accepted=0)
         assert policy.speculating
     _drafted_round(policy, draft_s=0.125, accepted=0)
@@ -671,10 +691,11 @@ def test_cost_aware_scales_its_curve_by_the_batch_forward_it_timed():
     assert policy.plain_rate() == pytest.approx(4 / 2.0)  # 4 rows a token per 2.0 s step
 
 
-def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
+def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost(monkeypatch):
     """Flat curve, 1 s a forward: a plain step gives each of 4 rows a token a second. Two rounds
     that each commit one token a row for 1.5 s (0.5 s of drafting) lose 0.5 s each: 1.0 s, 5%
     of 20 plain rounds. Judged row by row (four outcomes a round) they would lose 4 times that."""
+    tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
     policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05)
     for _ in range(2):
         assert policy.shape(rows=4).max_tokens > 0

@@ -558,8 +558,12 @@ class CostAwarePolicy(DraftPolicy):
         self.observe_round([outcome])
 
     def observe_round(self, outcomes: Sequence[RoundOutcome]) -> None:
+        started = perf_counter()
         for outcome in outcomes:
             super().observe(outcome)
+        # Learning from a drafted round (the online recalibration reads every judged node's
+        # signals) is a cost of speculation too, outside the round the decoder timed.
+        learning_s = perf_counter() - started
         rows = self._rows = len(outcomes)
         planned, self._expected = self._expected, []
         # One forward verified every row's block, padded to the widest.
@@ -578,7 +582,7 @@ class CostAwarePolicy(DraftPolicy):
         # Plain decoding gives every row a token per one-token forward of the batch.
         plain_round_s = self.round_verify_s(1, rows)
         committed = sum(outcome.committed for outcome in outcomes)
-        spent_s = draft_s + self.round_verify_s(width, rows)
+        spent_s = draft_s + learning_s + self.round_verify_s(width, rows)
         lost_s = spent_s - committed / rows * plain_round_s
         self._spec_lost_s += lost_s
         if catching_up:
