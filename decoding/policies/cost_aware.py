@@ -146,8 +146,8 @@ class CostAwarePolicy(DraftPolicy):
     nothing against plain decoding's speed); when none verified more, the next drafts and keeps
     at least one token to measure that, whether or not drafting is expected to pay.
 
-    Falling back: each speculative round's seconds (its drafting plus the scaled curve's cost of
-    the tokens it verified) are set against what plain decoding would have taken for the tokens
+    Falling back: each speculative round's seconds (its drafting, the scaled curve's cost of the
+    tokens it verified, and the policy's learning from it) are set against what plain decoding would have taken for the tokens
     it committed (one scaled one-token cost each), and the policy falls back once speculation
     has lost, net, more than `patience` plain steps' worth since it last drew level (a
     cumulative sum that restarts at zero whenever speculation is ahead: one round's committed
