@@ -147,27 +147,27 @@ class CostAwarePolicy(DraftPolicy):
     at least one token to measure that, whether or not drafting is expected to pay.
 
     Falling back: each speculative round's seconds (its drafting, the scaled curve's cost of the
-    tokens it verified, and the policy's learning from it) are set against what plain decoding would have taken for the tokens
-    it committed (one scaled one-token cost each), and the policy falls back once speculation
-    has lost, net, more than `patience` plain steps' worth since it last drew level (a
-    cumulative sum that restarts at zero whenever speculation is ahead: one round's committed
-    tokens vary widely, so a few rounds that lose are no verdict, and the seconds any drafter
-    can lose before the verdict are bounded). The round in which the drafter first reads the
-    prompt or a plain stretch is left out of that sum (its reading is a once-per-probe cost,
-    which for a draft model is a prefill of its own) but not out of what the probe lost. Every
-    round, plain or not, times its verification and so sets the curve's scale. Judging rounds on
-    the scaled curve rather than on their own wall time keeps a busy machine's noise out of the
-    comparison, noise that would otherwise let a drafter whose tokens are all cut go on
-    drafting. The same sum is kept on what each round's plan expected it to commit (its trimmed
-    draft's path probabilities, plus one) for what it spent, and the policy falls back too once
-    that one passes `expected_patience` plain steps: a draft cut to nothing is a certain loss of
-    its drafting, and a kept one an expected loss or gain, where what a round commits varies by
-    whole tokens, so the expectation gives its verdict after far fewer rounds; what the rounds
-    committed still judges a calibration that promises too much. Once speculation is slower,
-    the policy decodes plainly for `first_backoff` rounds, then probes afresh; each probe that
-    loses doubles the plain stretch (up to `max_backoff`), and a fallback after speculation paid
-    overall starts the doubling again. A plain stretch runs on into the next request: a probe
-    there would first have the drafter read the whole prompt, a cost plain decoding never pays.
+    tokens it verified, and the policy's learning from it) are set against what plain decoding would
+    have taken for the tokens it committed (one scaled one-token cost each), and the policy falls
+    back once speculation has lost, net, more than `patience` plain steps' worth since it last drew
+    level (a cumulative sum that restarts at zero whenever speculation is ahead: one round's
+    committed tokens vary widely, so a few rounds that lose are no verdict, and the seconds any
+    drafter can lose before the verdict are bounded). The round in which the drafter first reads the
+    prompt or a plain stretch is left out of that sum (its reading is a once-per-probe cost, which
+    for a draft model is a prefill of its own) but not out of what the probe lost. Every round,
+    plain or not, times its verification and so sets the curve's scale. Judging rounds on the scaled
+    curve rather than on their own wall time keeps a busy machine's noise out of the comparison,
+    noise that would otherwise let a drafter whose tokens are all cut go on drafting. The same sum
+    is kept on what each round's plan expected it to commit (its trimmed draft's path probabilities,
+    plus one) for what it spent, and the policy falls back too once that one passes
+    `expected_patience` plain steps: a draft cut to nothing is a certain loss of its drafting, and a
+    kept one an expected loss or gain, where what a round commits varies by whole tokens, so the
+    expectation gives its verdict after far fewer rounds; what the rounds committed still judges a
+    calibration that promises too much. Once speculation is slower, the policy decodes plainly for
+    `first_backoff` rounds, then probes afresh; each probe that loses doubles the plain stretch (up
+    to `max_backoff`), and a fallback after speculation paid overall starts the doubling again. A
+    plain stretch runs on into the next request: a probe there would first have the drafter read the
+    whole prompt, a cost plain decoding never pays.
 
     A request is decoded plainly from its start where the drafter's reading of its prompts (a
     prefill of its own for a draft model, timed per token on requests' first drafted rounds)
