@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from draftsmith.core.sampling import SamplingParams, probabilities, sample
+from draftsmith.core.sampling import SamplingParams, greedy_tokens, probabilities, sample
 from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding.verify import LosslessVerifier, verify_sampling
 from draftsmith.heads.base import Draft
@@ -82,7 +82,7 @@ class TypicalVerifier:
         path = _accepted(target_logits, draft, p_token > threshold[rows])
         row = path[-1] + 1 if path else 0
         if sampling.greedy:
-            return path, int(target_logits[row].argmax())
+            return path, int(greedy_tokens(target_logits[row]))
         return path, sample(probs[row], generator)
 
 
@@ -142,7 +142,7 @@ class ModulatedVerifier:
         # log p(x) - log max p >= log s: ratios in log space, so tiny probabilities still compare.
         gap = log_probs[rows, draft.tokens] - log_probs[rows].max(-1).values
         path = _accepted(target_logits, draft, gap >= torch.log(slack).to(gap.device))
-        return path, int(target_logits[path[-1] + 1 if path else 0].argmax())
+        return path, int(greedy_tokens(target_logits[path[-1] + 1 if path else 0]))
 
 
 def drafter_confidence(draft: Draft) -> torch.Tensor:
@@ -165,7 +165,7 @@ def _criterion_probabilities(target_logits: torch.Tensor, sampling: SamplingPara
 
 def _accepted(target_logits: torch.Tensor, draft: Draft, passes: torch.Tensor) -> list[int]:
     """The longest root path of nodes that pass or are the target's argmax after their parent."""
-    argmax = target_logits.argmax(-1).cpu()  # (k+1,)
+    argmax = greedy_tokens(target_logits).cpu()  # (k+1,)
     top = draft.tokens == argmax[draft.parents + 1]
     return longest_path(draft, (passes.cpu() | top).tolist())
 

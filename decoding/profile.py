@@ -240,14 +240,14 @@ def profile_target(
 
     def verify(block: torch.Tensor) -> Callable[[], None]:
         def run() -> None:
-            with small_rows(model, block.numel()):  # as `Target.extend` runs it
-                model(input_ids=block, use_cache=True, **{cache_kw: cache})
+            model(input_ids=block, use_cache=True, **{cache_kw: cache})
             crop_cache(cache, context)
 
         return run
 
     blocks = [torch.randint(vocab, (rows, n), generator=generator).to(device) for n in sizes]
-    times = _interleaved_minima([verify(block) for block in blocks], repeats, device)
+    with small_rows(model):  # as the decoder runs it: one block for the whole generation
+        times = _interleaved_minima([verify(block) for block in blocks], repeats, device)
     times = shards_agree(model, times)  # one curve on every process, to draft alike
     times = list(itertools.accumulate(times, max))
     return CostCurve(

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from draftsmith.core.sampling import SamplingParams, probabilities, sample
+from draftsmith.core.sampling import SamplingParams, greedy_tokens, probabilities, sample
 from draftsmith.heads.base import Draft
 
 
@@ -65,7 +65,7 @@ class LosslessVerifier:
 
 def verify_greedy(target_logits: torch.Tensor, draft: Draft) -> tuple[list[int], int]:
     """target_logits (k+1, V) -> (the accepted path's nodes, the target's next token)."""
-    target_tokens = target_logits.argmax(-1).tolist()
+    target_tokens = greedy_tokens(target_logits).tolist()
     tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
     path, node = [], -1
     # Nodes come in topological order: a matching child of the path's end extends the path.

@@ -26,24 +26,23 @@ TreeStopFn = Callable[[int, "TreeNodes"], bool]
 """stop(depth, nodes) -> True to end a tree's growth after its `depth` depths so far (before the
 drafter expands another): nodes are every node drafted so far."""
 
-AcceptanceFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""acceptance(logits (m, V), depth (m,), path_prob (m,)) -> (m, V): for m tree nodes about to get
-children, the estimated probability that the target accepts each token as a child, given that the
-node's path was accepted. depth is the children's 0-based depth, path_prob the product of the
-draft's top-1 probabilities along the node's path (the confidence signals' `position` and
-`path_prob`). A draft policy supplies it (calibrated when the artifact is); drafters only rank
-tree nodes with it."""
+AcceptanceFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+"""acceptance(signals) -> (m,): for m tree nodes about to get children, the estimated probability
+that the target accepts the top-1 token of each node's draft distribution, given that the node's
+path was accepted; each child gets it in proportion to its draft probability over the top-1's.
+signals are the distributions' `confidence_signals`, each (m,), with `position` the children's
+0-based depth and `path_prob` the product of the draft's top-1 probabilities along the node's
+path and this distribution. A draft policy supplies it (calibrated when the artifact is);
+drafters only rank tree nodes with it."""
 
 StatesHook = Callable[[torch.Tensor, torch.Tensor], None]
 """hook(logits (m, V), states (m, H)): m rows of draft logits a drafter just emitted (the very
 tensor it drafts from) and the hidden states it computed them from."""
 
 
-def raw_acceptance(
-    logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor
-) -> torch.Tensor:
-    """`AcceptanceFn` of an uncalibrated drafter: its own draft probabilities softmax(logits)."""
-    return logits.float().softmax(-1)
+def raw_acceptance(signals: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`AcceptanceFn` of an uncalibrated drafter: its own top-1 probability."""
+    return signals["top1_prob"]
 
 
 class TreeNodes(Protocol):

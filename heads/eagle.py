@@ -252,7 +252,8 @@ class FeatureDrafter(Drafter):
             if request.shape.is_chain:
                 draft = self._chain(hidden, DraftBuilder(request, support=self._d2t))
             else:
-                draft = self._tree(hidden, DynamicTree.for_request(request, support=self._d2t))
+                tree = DynamicTree.for_request(request, None, self._d2t, self.vocab_size)
+                draft = self._tree(hidden, tree)
         # Rows built on predicted features go: accepted ones are rebuilt on real features.
         self._own.keep(committed_rows)
         return draft
@@ -275,12 +276,12 @@ class FeatureDrafter(Drafter):
             tokens = [tree.tokens[n] for n in nodes]
             inputs = torch.stack([predicted[tree.parents[n]] for n in nodes])[None]
             out = self.head.step(inputs, self._ids(tokens), positions, visible, self._own.kv)
-            logits = self._target_logits(out)
+            logits = self._draft_logits(out)
             self._own.extend(tokens)
             predicted.update({n: out[0, i] for i, n in enumerate(nodes)})
             return logits
 
-        return tree.grow(self._target_logits(hidden)[0], expand)
+        return tree.grow(self._draft_logits(hidden)[0], expand)
 
     def _catch_up(self) -> torch.Tensor:
         """Run the committed rows not yet cached on their real features; returns the predicted
@@ -301,9 +302,14 @@ class FeatureDrafter(Drafter):
 
     def _target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Predicted features (1, k, H) -> logits (k, V) over the target vocabulary."""
-        logits = to_target_vocab(self.head.logits(hidden)[0].float(), self._d2t, self.vocab_size)
+        return to_target_vocab(self._draft_logits(hidden), self._d2t, self.vocab_size)
+
+    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Predicted features (1, k, H) -> logits (k, V_d) over the head's draft vocabulary (the
+        target's without a reduced one): a tree ranks its nodes on these columns alone."""
+        logits = self.head.logits(hidden)[0].float()
         if self._states_hook is not None:
-            self._states_hook(logits, hidden[0])
+            self._states_hook(to_target_vocab(logits, self._d2t, self.vocab_size), hidden[0])
         return logits
 
     def expose_states(self, hook: StatesHook | None) -> None:

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.core.cache import crop_cache, keep_cache_rows
-from draftsmith.core.sampling import probabilities, sample
+from draftsmith.core.sampling import greedy_tokens, probabilities, sample
 from draftsmith.heads.base import Draft, DraftRequest
 
 
@@ -175,7 +175,7 @@ class DraftBuilder:
         """Choose the next token from its raw logits (V,) over the target vocabulary."""
         logits = logits.float()
         if self.sampling.greedy:
-            token = int(logits.argmax())
+            token = int(greedy_tokens(logits))
         else:
             probs = probabilities(logits, self.sampling)
             token = sample(probs, self.generator)

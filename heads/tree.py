@@ -25,6 +25,7 @@ from dataclasses import replace
 import torch
 
 from draftsmith.core.sampling import SamplingParams, probabilities
+from draftsmith.core.signals import distribution_signals
 from draftsmith.heads.base import (
     AcceptanceFn,
     Draft,
@@ -33,10 +34,11 @@ from draftsmith.heads.base import (
     TreeStopFn,
     most_valuable,
 )
+from draftsmith.heads.state import to_target_vocab
 
 Expand = Callable[[list[int]], torch.Tensor]
 """expand(nodes) -> logits (len(nodes), V) of the drafter's prediction after each node (run on the
-node's token with its ancestors as context)."""
+node's token with its ancestors as context); (len(nodes), V_s) over a tree's `support`."""
 
 
 class DynamicTree:
@@ -50,7 +52,10 @@ class DynamicTree:
         sampling: SamplingParams | None = None,
         generator: torch.Generator | None = None,
         support: torch.Tensor | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        if support is not None and vocab_size is None:
+            raise ValueError("a tree over a reduced vocabulary needs the target's vocab_size")
         self.shape = shape
         self.acceptance = acceptance
         self.stop = stop
@@ -58,15 +63,17 @@ class DynamicTree:
         """None: greedy (top-k children); else the processing children are sampled under."""
         self.generator = generator
         self.support = support
-        """(V_s,) the target ids a reduced draft vocabulary covers (the logits are -inf elsewhere),
-        or None: nodes are valued and ranked on these columns only, the same values faster."""
+        """(V_s,) the target ids a reduced draft vocabulary covers, or None: the logits the tree
+        is grown from cover these columns only (the target's are -inf elsewhere), and the tree
+        places them on the target's vocab_size columns only where a `Draft` needs them."""
+        self.vocab_size = vocab_size
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depths: list[int] = []
         """1-based depth per node."""
         self.values: list[float] = []
         self._raw_paths: list[float] = []  # product of the draft's top-1 probs along the path
-        self._logits: list[torch.Tensor] = []  # (V,) per expanded distribution
+        self._logits: list[torch.Tensor] = []  # (V_s,) per expanded distribution
         self._logits_row: list[int] = []  # per node, its parent's distribution in _logits
         self._probs: list[torch.Tensor] = []  # under sampling, per node: q it was drawn from (V,)
 
@@ -76,9 +83,11 @@ class DynamicTree:
         request: DraftRequest,
         shape: TreeShape | None = None,
         support: torch.Tensor | None = None,
+        vocab_size: int | None = None,
     ) -> DynamicTree:
         """The tree a request asks for (of `shape` instead of the request's, when given), from a
-        drafter whose logits are -inf outside the target ids `support` (None: nowhere)."""
+        drafter whose logits cover the target ids `support` only (None: every one of the
+        target's vocab_size)."""
         return cls(
             shape or request.shape,
             request.acceptance,
@@ -86,11 +95,13 @@ class DynamicTree:
             request.sampling,
             request.generator,
             support,
+            vocab_size,
         )
 
     def grow(self, root_logits: torch.Tensor, expand: Expand) -> Draft:
         """Grow the whole tree from the prediction after the newest committed token, root_logits
-        (V,), calling expand once per further depth; returns the proposed `Draft`."""
+        (V,) (V_s over a `support`), calling expand once per further depth; returns the proposed
+        `Draft`."""
         frontier = self._add_children([-1], root_logits[None])
         for depth in range(1, self.shape.depth):
             width = self.shape.top_k
@@ -103,30 +114,35 @@ class DynamicTree:
         return self.draft()
 
     def _add_children(self, nodes: list[int], logits: torch.Tensor) -> list[int]:
-        """Give each of nodes (-1: the root) its children from its logits (len(nodes), V): the
+        """Give each of nodes (-1: the root) its children from its logits (len(nodes), V_s): the
         top_k tokens (greedy) or draws without replacement (sampling); returns the new nodes."""
         logits = logits.float()
-        supported = logits if self.support is None else logits.index_select(-1, self.support)
-        depth = torch.tensor([0 if n < 0 else self.depths[n] for n in nodes])
-        raw_top1 = supported.softmax(-1).amax(-1)
+        # One softmax and one top-k give both the children and their confidence signals.
+        probs = logits.softmax(-1)
+        width = min(self.shape.top_k, probs.shape[-1])
+        top = probs.topk(min(max(width, 2), probs.shape[-1]), dim=-1)
+        signals = distribution_signals(probs, top.values)
+        signals["position"] = torch.tensor([0.0 if n < 0 else self.depths[n] for n in nodes])
         parent_raw = torch.tensor([1.0 if n < 0 else self._raw_paths[n] for n in nodes])
-        raw_paths = parent_raw * raw_top1
-        accept = self.acceptance(supported, depth, raw_paths)
-        top = accept.topk(min(self.shape.top_k, accept.shape[-1]), dim=-1)
+        raw_paths = signals["path_prob"] = parent_raw * signals["top1_prob"]
+        # The node's acceptance, shared among its children in proportion to their draft probs.
+        share = self.acceptance(signals) / signals["top1_prob"].clamp_min(1e-12)
         parent_values = torch.tensor([1.0 if n < 0 else self.values[n] for n in nodes])
-        values = parent_values[:, None] * top.values  # (len(nodes), top_k), by rank
+        values = (parent_values * share)[:, None] * top.values[:, :width]  # (len(nodes), width)
+        depth = signals["position"]
         if self.sampling is None:
-            ids = top.indices if self.support is None else self.support[top.indices]
+            indices = top.indices[:, :width]
+            ids = indices if self.support is None else self.support[indices]
             children = [
                 [(t, v, None) for t, v in zip(tokens, row, strict=True) if v > 0.0]
                 for tokens, row in zip(ids.tolist(), values.tolist(), strict=True)
             ]  # a value of 0: the drafter rules the token out (outside its vocabulary)
         else:
-            children = self._sampled_children(logits, values)
+            children = self._sampled_children(self._on_target_vocab(logits), values)
         added = []
         for i, node in enumerate(nodes):
             self._logits.append(logits[i])
-            for token, value, probs in children[i]:
+            for token, value, drawn_from in children[i]:
                 added.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(node)
@@ -134,8 +150,8 @@ class DynamicTree:
                 self.values.append(value)
                 self._raw_paths.append(float(raw_paths[i]))
                 self._logits_row.append(len(self._logits) - 1)
-                if probs is not None:
-                    self._probs.append(probs)
+                if drawn_from is not None:
+                    self._probs.append(drawn_from)
         return added
 
     def _sampled_children(
@@ -174,15 +190,28 @@ class DynamicTree:
         kept = most_valuable(self.values, self.depths, self.shape.max_tokens)
         renumber = {node: i for i, node in enumerate(kept)}
         probs = torch.stack([self._probs[n] for n in kept]) if self._probs and kept else None
+        logits = None
+        if kept:
+            logits = self._on_target_vocab(
+                torch.stack([self._logits[self._logits_row[n]] for n in kept])
+            )
         return Draft(
             tokens=torch.tensor([self.tokens[n] for n in kept], dtype=torch.long),
             probs=probs,
-            logits=torch.stack([self._logits[self._logits_row[n]] for n in kept]) if kept else None,
+            logits=logits,
             parents=torch.tensor(
                 [renumber.get(self.parents[n], -1) for n in kept], dtype=torch.long
             ),
             values=torch.tensor([self.values[n] for n in kept]),
             support=self.support,
+        )
+
+    def _on_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (m, V_s) on the target's vocabulary (m, V), -inf outside the support."""
+        return (
+            logits
+            if self.support is None
+            else to_target_vocab(logits, self.support, self.vocab_size)
         )
 
 

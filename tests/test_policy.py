@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import Clock, greedy_reference, tiny_model
 
+from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding import (
     POLICIES,
     CostAwarePolicy,
@@ -780,11 +781,9 @@ def test_calibrated_acceptance_ranks_tree_nodes(llama):
     policy = build_policy(
         "fixed", tree=TreeShape(top_k=2, depth=2), acceptance=calibrator, recalibrate=False
     )
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    accept = policy.acceptance_fn()(logits, torch.tensor([1]), torch.tensor([0.7]))
-    probs = logits.softmax(-1)
-    # The top-1 token gets the calibrated 0.5; the others in proportion to their draft probs.
-    torch.testing.assert_close(accept, 0.5 * probs / probs.max())
+    signals = confidence_signals(torch.tensor([[2.0, 1.0, 0.0, -1.0]]))
+    signals["position"] = torch.tensor([1.0])
+    torch.testing.assert_close(policy.acceptance_fn()(signals), torch.tensor([0.5]))
     assert calibrator.seen_positions == [1.0]
     _decode(llama, policy, max_new=12)
 

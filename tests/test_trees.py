@@ -12,8 +12,7 @@ from head_helpers import HEADS, build_head
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.ragged import RaggedTarget
-from draftsmith.core.sampling import SamplingParams
-from draftsmith.core.signals import confidence_signals
+from draftsmith.core.sampling import SamplingParams, greedy_tokens
 from draftsmith.core.target import Target
 from draftsmith.core.tree import ancestor_mask, chain_parents, tree_depths
 from draftsmith.decoding import verify_greedy
@@ -99,6 +98,15 @@ def test_greedy_tree_verification_takes_the_longest_matching_path():
     assert verify_greedy(logits, draft) == ([0], 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_break_ties_as_argmax_does(dtype):
+    """bf16 logits tie often; greedy identity with `generate` needs argmax's first index."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (64, 1000), generator=generator).to(dtype)  # many ties a row
+    assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
+    assert torch.equal(greedy_tokens(logits.float()), logits.float().argmax(-1))
+
+
 def test_dynamic_tree_values_budget_and_closure():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
 
@@ -124,10 +132,10 @@ def test_dynamic_tree_values_budget_and_closure():
     assert draft.logits.shape == (5, 4)
 
 
-def test_a_tree_over_a_reduced_vocabulary_is_scored_on_its_support_alike():
-    """A drafter whose logits are -inf outside a reduced vocabulary values and ranks nodes on
-    those columns only (`DynamicTree.support`): the same tree, values and confidence signals as
-    over the whole vocabulary."""
+def test_a_tree_over_a_reduced_vocabulary_is_grown_on_its_support_alike():
+    """A drafter over a reduced vocabulary gives the tree its logits on those columns only
+    (`DynamicTree.support`): the same tree, values, confidence signals and draft logits as its
+    logits on the whole vocabulary, -inf elsewhere, give."""
     support = torch.tensor([7, 2, 11, 5, 13])
     rows = torch.Generator().manual_seed(0)
 
@@ -136,29 +144,34 @@ def test_a_tree_over_a_reduced_vocabulary_is_scored_on_its_support_alike():
         full[:, support] = torch.randn(count, len(support), generator=rows) * 2
         return full
 
-    widths = []
+    seen = []  # per tree, the signals each depth was ranked on
 
-    def by_entropy(scored, depth, path):  # reads every signal a calibrator may read
-        widths.append(scored.shape[-1])
-        signals = confidence_signals(scored)
-        return scored.softmax(-1) * (signals["margin"] * (-signals["entropy"]).exp())[:, None]
+    def by_entropy(signals):  # reads the signals a calibrator may read
+        seen[-1].append({name: value.clone() for name, value in signals.items()})
+        return signals["top1_prob"] * signals["margin"] * (-signals["entropy"]).exp()
 
     expansions = [logits(1)] + [logits(3) for _ in range(3)]
     shape = TreeShape(top_k=3, depth=4, total_tokens=10)
     drafts = []
     for given in (None, support):
-        widths.clear()
-        steps = iter(expansions[1:])
-        tree = DynamicTree(shape, by_entropy, support=given)
-        drafts.append(tree.grow(expansions[0][0], lambda nodes, steps=steps: next(steps)))
-    assert set(widths) == {len(support)}  # the reduced tree scored the support's columns only
+        seen.append([])
+        columns = expansions if given is None else [e[:, support] for e in expansions]
+        steps = iter(columns[1:])
+        tree = DynamicTree(shape, by_entropy, support=given, vocab_size=16)
+        drafts.append(tree.grow(columns[0][0], lambda nodes, steps=steps: next(steps)))
+    for whole_depth, reduced_depth in zip(*seen, strict=True):
+        for name, value in whole_depth.items():
+            torch.testing.assert_close(reduced_depth[name], value, msg=name)
     whole, reduced = drafts
     assert torch.equal(whole.tokens, reduced.tokens) and torch.equal(whole.parents, reduced.parents)
     assert set(reduced.tokens.tolist()) <= set(support.tolist())
     assert reduced.values.tolist() == pytest.approx(whole.values.tolist())
     assert reduced.support is support and whole.support is None
+    assert torch.equal(reduced.logits, whole.logits)  # on the target's columns, -inf elsewhere
     for name, value in draft_signals(reduced).items():
         assert value.tolist() == pytest.approx(draft_signals(whole)[name].tolist()), name
+    with pytest.raises(ValueError, match="vocab_size"):
+        DynamicTree(shape, by_entropy, support=support)
 
 
 def _sampled_tree(seed: int, shape: TreeShape):

@@ -140,21 +140,10 @@ class DraftPolicy:
 
     def acceptance_fn(self) -> AcceptanceFn | None:
         """How a drafter ranks tree nodes: None (the raw draft probabilities) without a calibrated
-        acceptance model. With one, a node's calibrated acceptance is that of its distribution's
-        top-1 token, shared among the candidate tokens in proportion to their draft
-        probabilities (so the top-1 token gets it exactly)."""
+        acceptance model; with one, its calibrated acceptance of each node's top-1 token."""
         if self.acceptance is None:
             return None
-
-        def calibrated(logits: torch.Tensor, depth: torch.Tensor, path_prob: torch.Tensor):
-            signals = confidence_signals(logits)
-            signals["position"] = depth.float()
-            signals["path_prob"] = path_prob.float()
-            top1 = self.acceptance_prob(signals).float()
-            probs = logits.float().softmax(-1)
-            return probs * (top1 / signals["top1_prob"].clamp_min(1e-12))[:, None]
-
-        return calibrated
+        return lambda signals: self.acceptance_prob(signals).float()
 
     def token_stop_fn(self, stop_after: StopRule) -> StopFn:
         """A chain stop callback from a rule over the signals of the token just drafted (with its

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from weakref import WeakKeyDictionary, ref
+from weakref import WeakKeyDictionary, WeakSet, ref
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +105,10 @@ _LINEARS: WeakKeyDictionary[nn.Module, list[nn.Module]] = WeakKeyDictionary()
 """Each model's `nn.Linear` layers, found once: walking the modules every forward costs more
 than a one-token forward can spare."""
 
+_INSIDE: WeakSet[nn.Module] = WeakSet()
+"""The models within a block now: a nested block (a decoder's forward inside its generation's
+block) returns at once, since classifying 200 layers costs 0.4 ms, 1% of a decoding step."""
+
 
 @contextmanager
 def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
@@ -115,7 +119,7 @@ def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
     nothing; None for a block of many forwards (Hugging Face's `generate`), each dispatched by
     its own rows. Nested blocks leave the layers to the outermost; with `ENABLED` false the
     block changes nothing."""
-    if not ENABLED or rows == 0:
+    if not ENABLED or rows == 0 or model in _INSIDE:
         yield
         return
     # Many rows: float32 runs as fast on F.linear, bf16 still needs `Bf16RowsLinear`.
@@ -128,9 +132,11 @@ def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
     # object.__setattr__: nn.Module's own __setattr__ costs microseconds per layer.
     for module, cls in swapped:
         object.__setattr__(module, "__class__", cls)
+    _INSIDE.add(model)
     try:
         yield
     finally:
+        _INSIDE.discard(model)
         for module, _ in swapped:
             object.__setattr__(module, "__class__", nn.Linear)
 
