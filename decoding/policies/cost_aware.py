@@ -261,6 +261,9 @@ class CostAwarePolicy(DraftPolicy):
     decoding, the drafter's catching up included."""
     _plain_left: int = field(default=0, init=False, repr=False)
     _backoff: int = field(default=0, init=False, repr=False)
+    _verify_s: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
+    """`round_verify_s` by (rows, n) until the next round is timed: a tree's planning asks for
+    it thousands of times a round."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -297,6 +300,7 @@ class CostAwarePolicy(DraftPolicy):
         cost more than speculation is expected to gain over its tokens (`_reading_pays`)."""
         if self.cost is None and target is not None:
             self.cost = _measure_cost(target, self.largest.max_tokens + 1)
+            self._verify_s.clear()
         if self.speculating and not self._reading_pays(size.prompt_tokens, size.max_new_tokens):
             self._fall_back(
                 at_least=size.max_new_tokens,
@@ -637,6 +641,7 @@ class CostAwarePolicy(DraftPolicy):
         rounds are timed)."""
         self._since_one_token += 1
         self._since_wider += 1
+        self._verify_s.clear()
         scale = seconds / self._curve(self._rows, width)
         self._any_scale.add(scale)
         if width == 1:
@@ -653,13 +658,16 @@ class CostAwarePolicy(DraftPolicy):
         round's): the profiled curve's shape, scaled to the rounds timed now (the machine may be
         busier, or run other threads, than when it was profiled), and one token's by its own
         measured factor."""
-        if self._wider_timed >= TRUSTED_WIDER:
-            scale = self._scale.value
-            if n == 1 and self._one_token.value is not None:
-                scale *= self._one_token.value
-        else:
-            scale = 1.0 if self._any_scale.value is None else self._any_scale.value
-        return self._curve(self._rows if rows is None else rows, n) * scale
+        key = (self._rows if rows is None else rows, n)
+        if key not in self._verify_s:
+            if self._wider_timed >= TRUSTED_WIDER:
+                scale = self._scale.value
+                if n == 1 and self._one_token.value is not None:
+                    scale *= self._one_token.value
+            else:
+                scale = 1.0 if self._any_scale.value is None else self._any_scale.value
+            self._verify_s[key] = self._curve(*key) * scale
+        return self._verify_s[key]
 
     def row_verify_s(self, n: int) -> float:
         """A row's share of a round in which every row verifies n tokens."""
