@@ -183,7 +183,7 @@ class SpeculativeDecoder:
             raise ValueError("stop_strings need a tokenizer: pass tokenizer= to SpeculativeDecoder")
         rows = [_Row(i, _row_generator(seed, i), int(prompt[-1])) for i, prompt in enumerate(ids)]
         # One block of draftsmith's linear layers for the whole generation: per forward, finding
-        # the layers to swap would cost each round 0.4 ms of a 40 ms step.
+        # the layers to swap would cost each round about 0.15 ms (211 layers for SmolLM2).
         with small_rows(self.target):
             self._rounds(rows, ids, max_new_tokens, sampling, stop_strings, on_round)
         return [self._result(row) for row in rows]

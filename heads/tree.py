@@ -63,9 +63,10 @@ class DynamicTree:
         """None: greedy (top-k children); else the processing children are sampled under."""
         self.generator = generator
         self.support = support
-        """(V_s,) the target ids a reduced draft vocabulary covers, or None: the logits the tree
-        is grown from cover these columns only (the target's are -inf elsewhere), and the tree
-        places them on the target's vocab_size columns only where a `Draft` needs them."""
+        """(V_s,) the target ids a reduced draft vocabulary covers, or None (the whole
+        vocabulary). With one, the tree grows from logits over these columns alone (the
+        drafter's are -inf elsewhere) and places them on the target's vocab_size columns only
+        where a `Draft` needs them."""
         self.vocab_size = vocab_size
         self.tokens: list[int] = []
         self.parents: list[int] = []

@@ -156,8 +156,8 @@ def test_a_decoder_and_its_draft_model_pack_their_weights_before_the_first_round
 
 
 def test_the_decoder_finds_the_targets_layers_once_per_generation(monkeypatch):
-    """Finding the layers to swap costs 0.4 ms for a 30-layer target: once per generation, not
-    per round (a nested block returns at once)."""
+    """Finding the layers to swap costs about 0.15 ms for a 30-layer target: once per
+    generation, not per round (a nested block returns at once)."""
     walked = []
     linears = small_rows_module._linears
     monkeypatch.setattr(small_rows_module, "_linears", lambda m: walked.append(m) or linears(m))

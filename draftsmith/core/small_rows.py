@@ -107,7 +107,7 @@ than a one-token forward can spare."""
 
 _INSIDE: WeakSet[nn.Module] = WeakSet()
 """The models within a block now: a nested block (a decoder's forward inside its generation's
-block) returns at once, since classifying 200 layers costs 0.4 ms, 1% of a decoding step."""
+block) returns at once: classifying 200 layers again would cost a round about 0.15 ms."""
 
 
 @contextmanager
