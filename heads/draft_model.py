@@ -159,12 +159,13 @@ class BatchedDraftModel(RowDrafters):
             kept = min(agreeing(self.cached[row], committed), len(committed) - 1)
             self._truncate(row, kept)
             blocks.append(committed[kept:])
-        while any(blocks):
-            logits = self._run(blocks)
-            blocks = []
-            for builder, row_logits in zip(builders, logits, strict=True):
-                token = None if row_logits is None else builder.add(row_logits)
-                blocks.append([] if token is None or builder.done else [token])
+        with small_rows(self.cache.model):  # one block for the round's steps, as alone
+            while any(blocks):
+                logits = self._run(blocks)
+                blocks = []
+                for builder, row_logits in zip(builders, logits, strict=True):
+                    token = None if row_logits is None else builder.add(row_logits)
+                    blocks.append([] if token is None or builder.done else [token])
         return [Draft.empty() if b is None else b.draft() for b in builders]
 
     def _run(self, blocks: list[list[int]]) -> list[torch.Tensor | None]:

@@ -302,15 +302,19 @@ class FeatureDrafter(Drafter):
 
     def _target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Predicted features (1, k, H) -> logits (k, V) over the target vocabulary."""
-        return to_target_vocab(self._draft_logits(hidden), self._d2t, self.vocab_size)
+        return self._draft_logits(hidden, on_target_vocab=True)
 
-    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _draft_logits(self, hidden: torch.Tensor, on_target_vocab: bool = False) -> torch.Tensor:
         """Predicted features (1, k, H) -> logits (k, V_d) over the head's draft vocabulary (the
-        target's without a reduced one): a tree ranks its nodes on these columns alone."""
+        target's without a reduced one; a tree ranks its nodes on these columns alone), or (k, V)
+        on the target's with on_target_vocab. A states hook sees them on the target's."""
         logits = self.head.logits(hidden)[0].float()
+        if not on_target_vocab and self._states_hook is None:
+            return logits
+        full = to_target_vocab(logits, self._d2t, self.vocab_size)
         if self._states_hook is not None:
-            self._states_hook(to_target_vocab(logits, self._d2t, self.vocab_size), hidden[0])
-        return logits
+            self._states_hook(full, hidden[0])
+        return full if on_target_vocab else logits
 
     def expose_states(self, hook: StatesHook | None) -> None:
         self._states_hook = hook

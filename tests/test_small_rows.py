@@ -173,3 +173,8 @@ def test_the_decoder_finds_the_targets_layers_once_per_generation(monkeypatch):
     assert sum(m is target for m in walked) == 1
     drafter_model = decoder.drafter.model
     assert sum(m is drafter_model for m in walked) <= out.stats.target_forwards + 1
+    walked.clear()  # a batch: the draft model drafts every row's chain in one forward a step
+    batch = decoder.generate_batch([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], 12)
+    assert sum(m is target for m in walked) == 1
+    rounds = max(row.stats.target_forwards for row in batch)
+    assert sum(m is drafter_model for m in walked) <= rounds + 1
