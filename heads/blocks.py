@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 
+from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.tree import additive_mask
 
@@ -137,7 +138,8 @@ def block_config(target_config: PretrainedConfig) -> PretrainedConfig:
     """A copy of the target's text config describing one full-attention decoder layer.
 
     The vocabulary shrinks to one token: the base model built from it carries an embedding
-    table that the head discards, and the attention runs on SDPA, which takes explicit masks.
+    table that the head discards, and the attention runs on SDPA, which takes explicit masks
+    (`grouped_sdpa_attention`: grouped key/value heads are not copied under a tree's mask).
     """
     config = copy.deepcopy(text_config(target_config))
     config.num_hidden_layers = 1
@@ -145,7 +147,7 @@ def block_config(target_config: PretrainedConfig) -> PretrainedConfig:
         config.layer_types = ["full_attention"]
     config.vocab_size = 1
     config.pad_token_id = None
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = GROUPED_SDPA
     return config
 
 

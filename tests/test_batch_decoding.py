@@ -21,6 +21,7 @@ from test_sampling_distribution import _sequence_distribution, _sequence_fits
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core import small_rows
+from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.decoding import RoutingDrafter, ThresholdPolicy
@@ -62,7 +63,7 @@ def test_each_row_equals_its_prompt_decoded_alone(llama, kind, policy):
         assert result.stats.accepted == alone.stats.accepted
 
 
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa", GROUPED_SDPA])
 def test_qwen2_rows_of_a_tree_batch(implementation):
     qwen2 = tiny_model("qwen2", seed=3, attn_implementation=implementation)
     decoder = SpeculativeDecoder(qwen2, _drafter("perturbed", qwen2), policy=TREE)

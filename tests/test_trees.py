@@ -11,6 +11,7 @@ from conftest import greedy_reference, perturbed_copy, tiny_model
 from head_helpers import HEADS, build_head
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams, greedy_tokens
 from draftsmith.core.target import Target
@@ -45,7 +46,7 @@ def _after_prompt(model, prompt: list[int]) -> RaggedTarget:
     return target
 
 
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa", GROUPED_SDPA])
 def test_one_tree_forward_equals_each_branch_run_alone(implementation):
     model = tiny_model("llama", seed=0, attn_implementation=implementation)
     prompt = [5, 6, 7, 8]

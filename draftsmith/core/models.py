@@ -14,6 +14,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from draftsmith.core.attention import use_grouped_sdpa
 from draftsmith.core.parallel import (
     DeviceMap,
     check_device_map,
@@ -51,6 +52,9 @@ def load_model(
         before the weights load. "auto": transformers' own placement.
     tensor_parallel: shard every layer over the processes torchrun started (transformers'
         ``tp_plan="auto"``); checked against the model's head counts first.
+
+    A model that loads with `sdpa` attention runs `grouped_sdpa_attention` instead (the same
+    attention, without copying grouped key/value heads under a draft's mask).
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
@@ -81,6 +85,7 @@ def load_model(
         ) from err
     if device is not None:
         model = model.to(device)
+    use_grouped_sdpa(model)
     return model.eval(), tokenizer
 
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.small_rows import small_rows
 
-TREE_ATTENTION = ("eager", "sdpa")
+TREE_ATTENTION = ("eager", "sdpa", GROUPED_SDPA)
 """Attention implementations that apply a custom 4D mask as given (tested); others, e.g. flash
 attention, ignore it or build their own, and would verify a tree against the wrong context."""
 
