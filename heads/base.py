@@ -20,7 +20,8 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.tree import chain_parents, check_parents, is_chain, tree_depths
 
 StopFn = Callable[[int, torch.Tensor], bool]
-"""stop(position, draft_logits (V,)) -> True to end a chain draft after the token just proposed."""
+"""stop(position, draft_logits (V_s,)) -> True to end a chain draft after the token just proposed;
+the logits are those of the draft's `support` (the target's whole vocabulary without one)."""
 
 TreeStopFn = Callable[[int, "TreeNodes"], bool]
 """stop(depth, nodes) -> True to end a tree's growth after its `depth` depths so far (before the

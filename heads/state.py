@@ -182,9 +182,16 @@ class DraftBuilder:
             self._probs.append(probs)
         self.tokens.append(token)
         self._logits.append(logits)
-        if self.stop is not None and self.stop(len(self.tokens) - 1, logits):
+        if self.stop is not None and self.stop(len(self.tokens) - 1, self._supported(logits)):
             self._stopped = True
         return token
+
+    def _supported(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (V,) on the `support` columns only (V_s,): the stop rule's confidence signals
+        are the same, without the -inf columns of a reduced draft vocabulary (most of the work)."""
+        if self.support is None:
+            return logits
+        return logits.index_select(-1, self.support.to(logits.device))
 
     def draft(self) -> Draft:
         if not self.tokens:

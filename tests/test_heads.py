@@ -13,6 +13,7 @@ from head_helpers import HEADS, REDUCED_VOCAB, TRAIN_PROMPTS, build_head, fit, t
 from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.config import ConfigError, config_to_dict
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.core.signals import confidence_signals
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads import DraftHead, EagleConfig, MedusaConfig, build_draft_vocab, head_config
 from draftsmith.heads import build_head as build_kind
@@ -375,11 +376,19 @@ def test_stop_callback_and_draft_caps(name, llama):
     seen = []
 
     def stop(position, logits):
-        seen.append((position, logits.shape))
+        seen.append((position, logits))
         return position == 1
 
-    assert len(drafter.propose(6, SamplingParams(), stop=stop)) == 2
-    assert seen == [(0, (256,)), (1, (256,))]
+    draft = drafter.propose(6, SamplingParams(), stop=stop)
+    assert len(draft) == 2
+    # The stop rule reads the draft distribution's support (a reduced vocabulary's columns),
+    # whose confidence signals are the whole distribution's.
+    support = 256 if draft.support is None else len(draft.support)
+    assert [(p, tuple(logits.shape)) for p, logits in seen] == [(0, (support,)), (1, (support,))]
+    read = confidence_signals(torch.stack([logits for _, logits in seen]))
+    whole = confidence_signals(draft.logits)
+    for name in ("top1_prob", "margin", "entropy"):
+        torch.testing.assert_close(read[name], whole[name])
     cap = {"medusa": head.num_steps - 1, "mtp": head.num_steps}.get(head.kind, 6)  # K - 1 Medusa
     # heads after head 0, K MTP modules
     assert len(drafter.propose(6, SamplingParams())) == cap

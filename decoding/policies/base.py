@@ -16,8 +16,8 @@ from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape, TreeSt
 StopRule = Callable[[int, dict[str, float], float], bool]
 """rule(position, signals, acceptance) -> True to end a chain after the token just drafted:
 position is 0-based, signals that token's confidence signals as floats (`confidence_signals`
-names; path_prob is the raw product of top-1 probabilities so far; plus `vocab_size`, the draft
-distribution's size), acceptance its P(accept)."""
+names; path_prob is the raw product of top-1 probabilities so far; plus `vocab_size`, the size of
+the draft distribution's support: a reduced draft vocabulary's), acceptance its P(accept)."""
 
 
 @dataclass(frozen=True)
