@@ -27,6 +27,7 @@ TreeStopFn = Callable[[int, "TreeNodes"], bool]
 """stop(depth, nodes) -> True to end a tree's growth after its `depth` depths so far (before the
 drafter expands another): nodes are every node drafted so far."""
 
+
 AcceptanceFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 """acceptance(signals) -> (m,): for m tree nodes about to get children, the estimated probability
 that the target accepts the top-1 token of each node's draft distribution, given that the node's
@@ -55,6 +56,15 @@ class TreeNodes(Protocol):
     """Per node, its parent's index, or -1 for a child of the newest committed token."""
     depths: list[int]
     """Per node, its 1-based depth."""
+
+
+def on_support(logits: torch.Tensor, support: torch.Tensor | None) -> torch.Tensor:
+    """logits (..., V) on the target ids `support` (V_s,) only (None: all of them): the same
+    confidence signals, without the -inf columns of a reduced draft vocabulary, which are most
+    of their work."""
+    if support is None:
+        return logits
+    return logits.index_select(-1, support.to(logits.device))
 
 
 @dataclass(frozen=True)
@@ -192,11 +202,8 @@ class Draft:
         )
 
     def supported_logits(self) -> torch.Tensor | None:
-        """`logits` (k, V_s) on the `support` columns only: the same confidence signals, without
-        the -inf columns of a reduced draft vocabulary, which are most of the work."""
-        if self.logits is None or self.support is None:
-            return self.logits
-        return self.logits.index_select(-1, self.support.to(self.logits.device))
+        """`logits` (k, V_s) on the `support` columns only (`on_support`)."""
+        return None if self.logits is None else on_support(self.logits, self.support)
 
     def children(self, node: int) -> list[int]:
         """The children of `node` (-1: of the newest committed token), in draft order."""

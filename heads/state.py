@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from draftsmith.core.cache import crop_cache, keep_cache_rows
 from draftsmith.core.sampling import greedy_tokens, probabilities, sample
-from draftsmith.heads.base import Draft, DraftRequest
+from draftsmith.heads.base import Draft, DraftRequest, on_support
 
 
 class OwnCache:
@@ -182,16 +182,12 @@ class DraftBuilder:
             self._probs.append(probs)
         self.tokens.append(token)
         self._logits.append(logits)
-        if self.stop is not None and self.stop(len(self.tokens) - 1, self._supported(logits)):
+        # The stop rule reads the support's columns: the same signals, for less work.
+        if self.stop is not None and self.stop(
+            len(self.tokens) - 1, on_support(logits, self.support)
+        ):
             self._stopped = True
         return token
-
-    def _supported(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits (V,) on the `support` columns only (V_s,): the stop rule's confidence signals
-        are the same, without the -inf columns of a reduced draft vocabulary (most of the work)."""
-        if self.support is None:
-            return logits
-        return logits.index_select(-1, self.support.to(logits.device))
 
     def draft(self) -> Draft:
         if not self.tokens:

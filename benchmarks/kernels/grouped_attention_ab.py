@@ -19,16 +19,14 @@ from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.cache import crop_cache
 from draftsmith.core.models import load_model
 from draftsmith.core.small_rows import small_rows
-from draftsmith.core.tree import additive_mask, ancestor_mask, chain_parents
+from draftsmith.core.tree import additive_mask
+from draftsmith.heads.blocks import causal_mask
 
 
 def verify_seconds(model, cache: DynamicCache, context: int, n: int) -> float:
     """Seconds of one forward of n chained tokens after the cache's context positions (the
     cache is cropped back after it)."""
-    visible = torch.ones(1, n, context + n, dtype=torch.bool)
-    visible[0, :, context:] = ancestor_mask(chain_parents(n))
-    mask = additive_mask(visible, model.dtype)
-    mask = mask[:, None] if mask.dim() == 3 else mask
+    mask = additive_mask(causal_mask(n, context), model.dtype)
     started = time.perf_counter()
     model(
         input_ids=torch.randint(1000, (1, n)),
