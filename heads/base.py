@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 import torch
@@ -71,21 +71,28 @@ def on_support(logits: torch.Tensor, support: torch.Tensor | None) -> torch.Tens
 class TreeShape:
     """How large a draft tree to propose: the EAGLE-2 dynamic tree's budget.
 
-    Each of `depth` rounds expands the `top_k` most valuable nodes of the newest depth with
-    `top_k` children each; the tree keeps the `total_tokens` most valuable nodes (parents always
-    kept). top_k == 1 is a chain of `depth` tokens.
+    Each of `depth` rounds expands the `expand` (EAGLE-2: `top_k`) most valuable nodes of the
+    newest depth with `top_k` children each; the tree keeps the `total_tokens` most valuable
+    nodes (parents always kept). top_k == 1 is a chain of `depth` tokens; expand == 1 a chain
+    whose every token comes with up to top_k - 1 siblings, leaves the drafter never runs: the
+    chain's drafting for more candidates, which suits a drafter whose step costs as much over
+    one token as over several (a draft model, a batch drafting in lockstep).
     """
 
     top_k: int = 1
     depth: int = 8
     total_tokens: int | None = None
-    """None: every node drafted (top_k + (depth - 1) * top_k**2 at most)."""
+    """None: every node drafted (top_k + (depth - 1) * expand * top_k at most)."""
+    expand: int | None = None
+    """Nodes of a depth given children at the next; None: top_k."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.depth < 0:
             raise ValueError(f"a tree needs top_k >= 1 and depth >= 0, got {self}")
         if self.total_tokens is not None and self.total_tokens < 0:
             raise ValueError(f"total_tokens must be >= 0, got {self.total_tokens}")
+        if self.expand is not None and not 1 <= self.expand <= self.top_k:
+            raise ValueError(f"expand must be in [1, top_k = {self.top_k}], got {self.expand}")
 
     @classmethod
     def chain(cls, length: int) -> TreeShape:
@@ -96,15 +103,27 @@ class TreeShape:
         return self.top_k == 1
 
     @property
+    def width(self) -> int:
+        """Nodes of a depth given children at the next."""
+        return self.top_k if self.expand is None else self.expand
+
+    @property
     def max_tokens(self) -> int:
         """The most nodes a tree of this shape holds."""
-        drafted = self.top_k + max(self.depth - 1, 0) * self.top_k**2 if self.depth else 0
+        per_depth = self.width * self.top_k
+        drafted = self.top_k + max(self.depth - 1, 0) * per_depth if self.depth else 0
         return drafted if self.total_tokens is None else min(drafted, self.total_tokens)
 
     def capped(self, tokens: int) -> TreeShape:
         """This shape with at most `tokens` nodes and at most that depth."""
         total = min(self.max_tokens, tokens)
-        return TreeShape(top_k=self.top_k, depth=min(self.depth, tokens), total_tokens=total)
+        return replace(self, depth=min(self.depth, tokens), total_tokens=total)
+
+    def narrowed(self, top_k: int) -> TreeShape:
+        """This shape with at most `top_k` children a node (and as many nodes expanded)."""
+        top_k = min(self.top_k, top_k)
+        expand = None if self.expand is None else min(self.expand, top_k)
+        return replace(self, top_k=top_k, expand=expand)
 
 
 def most_valuable(values: Sequence[float], depths: Sequence[int], size: int) -> list[int]:

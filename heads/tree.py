@@ -1,8 +1,8 @@
 """EAGLE-2's dynamic draft tree, grown by any drafter that can run a batch of tree nodes at once.
 
 The tree starts from the drafter's prediction after the newest committed token. Each following
-depth expands the `top_k` most valuable nodes of the depth before, `top_k` children each, in one
-forward of the drafter, until the shape's depth or until the request's `tree_stop` ends it; a
+depth expands the most valuable nodes of the depth before (`TreeShape.width`: top_k, or the
+shape's `expand`), `top_k` children each, in one forward of the drafter, until the shape's depth or until the request's `tree_stop` ends it; a
 node's value is the estimated probability that the target accepts its
 whole path (the `AcceptanceFn` multiplied along it).
 
@@ -105,7 +105,7 @@ class DynamicTree:
         `Draft`."""
         frontier = self._add_children([-1], root_logits[None])
         for depth in range(1, self.shape.depth):
-            width = self.shape.top_k
+            width = self.shape.width
             if self.sampling is not None:  # the budget is spent as the tree grows
                 width = min(width, self.shape.max_tokens - len(self.tokens))
             if width <= 0 or not frontier or (self.stop is not None and self.stop(depth, self)):

@@ -265,12 +265,17 @@ def test_three_token_sequences_follow_the_target_with_trees(shape, name):
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
 
 
-def test_draft_model_trees_sample_the_target_distribution():
+@pytest.mark.parametrize(
+    "tree",
+    [TreeShape(top_k=2, depth=3, total_tokens=5), TreeShape(top_k=3, depth=3, expand=1)],
+    ids=["eagle2", "siblings"],
+)
+def test_draft_model_trees_sample_the_target_distribution(tree):
     params = SEQ_PARAMS["t1"]
     vocab, n = 4, 3000
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
     drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
-    policy = FixedPolicy(tree=TreeShape(top_k=2, depth=3, total_tokens=5))
+    policy = FixedPolicy(tree=tree)
     decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy)
     counts = Counter()
     n = 2000
@@ -280,7 +285,11 @@ def test_draft_model_trees_sample_the_target_distribution():
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
 
 
-@pytest.mark.parametrize("tree", [None, TreeShape(top_k=3, depth=3, total_tokens=6)])
+@pytest.mark.parametrize(
+    "tree",
+    [None, TreeShape(top_k=3, depth=3, total_tokens=6), TreeShape(top_k=3, depth=3, expand=1)],
+    ids=["chain", "eagle2", "siblings"],
+)
 def test_cost_aware_cuts_keep_sampling_exact(monkeypatch, tree):
     """The cost-aware policy cuts every draft on a verify curve with a step in it (up to 4
     tokens verify for one's cost, 5 for five times it; a drafter step costs a tenth of a plain

@@ -133,6 +133,37 @@ def test_dynamic_tree_values_budget_and_closure():
     assert draft.logits.shape == (5, 4)
 
 
+def test_a_tree_expanding_one_node_a_depth_is_a_chain_with_sibling_leaves():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    expanded = []
+
+    def expand(nodes):
+        expanded.append(list(nodes))
+        return probs.log().expand(len(nodes), -1)
+
+    shape = TreeShape(top_k=3, depth=4, expand=1)
+    assert shape.max_tokens == 3 + 3 * 3
+    draft = DynamicTree(shape, raw_acceptance).grow(probs.log(), expand)
+    assert len(draft) == 12
+    assert all(len(nodes) == 1 for nodes in expanded)  # one drafter row a depth, as a chain
+    spine = [-1]
+    for depth in range(1, 5):
+        children = draft.children(spine[-1])
+        assert draft.tokens[children].tolist() == [0, 1, 2]  # the top 3 of each prediction
+        assert all(int(d) == depth for d in draft.depths[children])
+        spine.append(children[0])  # the most valuable child is the one expanded
+    assert len(expanded) == 3
+
+
+def test_tree_shape_expand_must_fit_top_k():
+    with pytest.raises(ValueError, match="expand must be in"):
+        TreeShape(top_k=2, depth=3, expand=3)
+    with pytest.raises(ValueError, match="expand must be in"):
+        TreeShape(top_k=2, depth=3, expand=0)
+    assert TreeShape(top_k=4, depth=3, expand=2).narrowed(1) == TreeShape(1, 3, None, 1)
+    assert TreeShape(top_k=4, depth=3, expand=1).capped(2).expand == 1
+
+
 def test_a_tree_over_a_reduced_vocabulary_is_grown_on_its_support_alike():
     """A drafter over a reduced vocabulary gives the tree its logits on those columns only
     (`DynamicTree.support`): the same tree, values, confidence signals and draft logits as its
@@ -251,20 +282,23 @@ def test_ngram_branches_follow_several_earlier_occurrences():
 
 
 TREE = TreeShape(top_k=3, depth=4, total_tokens=12)
+SIBLINGS = TreeShape(top_k=3, depth=4, total_tokens=10, expand=1)
+"""A chain whose tokens come with two siblings each."""
 
 
-def _tree_decoder(target, drafter):
-    return SpeculativeDecoder(target, drafter, policy=FixedPolicy(tree=TREE))
+def _tree_decoder(target, drafter, tree=TREE):
+    return SpeculativeDecoder(target, drafter, policy=FixedPolicy(tree=tree))
 
 
+@pytest.mark.parametrize("tree", [TREE, SIBLINGS], ids=["eagle2", "siblings"])
 @pytest.mark.parametrize("kind", ["perturbed", "unrelated", "ngram"])
-def test_greedy_identity_with_trees(kind, llama):
+def test_greedy_identity_with_trees(kind, tree, llama):
     drafter = {
         "perturbed": lambda: DraftModelDrafter(perturbed_copy(llama, scale=0.3)),
         "unrelated": lambda: DraftModelDrafter(tiny_model("llama", seed=7)),
         "ngram": lambda: NgramDrafter(),
     }[kind]()
-    decoder = _tree_decoder(llama, drafter)
+    decoder = _tree_decoder(llama, drafter, tree)
     for prompt in ([9], [4, 8, 15, 16, 23, 4, 8]):
         prompt = torch.tensor(prompt)
         result = decoder.generate(prompt, max_new_tokens=24)
@@ -272,10 +306,11 @@ def test_greedy_identity_with_trees(kind, llama):
         assert result.stats.drafted > 0
 
 
+@pytest.mark.parametrize("tree", [TREE, SIBLINGS], ids=["eagle2", "siblings"])
 @pytest.mark.parametrize("name", [n for n in HEADS if not n.startswith("distilled")])
-def test_untrained_heads_decode_losslessly_with_trees(name, llama):
+def test_untrained_heads_decode_losslessly_with_trees(name, tree, llama):
     drafter = build_head(name, llama).as_drafter(llama)
-    decoder = _tree_decoder(llama, drafter)
+    decoder = _tree_decoder(llama, drafter, tree)
     for prompt in ([9], [4, 8, 15, 16, 23]):
         prompt = torch.tensor(prompt)
         result = decoder.generate(prompt, max_new_tokens=16)

@@ -119,8 +119,8 @@ class CostAwarePolicy(DraftPolicy):
     which keeps rejection sampling exact. Nothing is drafted while even a
     chain the target would accept whole could not beat a plain step.
 
-    A tree (`tree` set) is planned the same way, a depth (one drafter step over up to top_k
-    nodes) for a chain's token: its value with n nodes verified is that of its n most valuable
+    A tree (`tree` set) is planned the same way, a depth (one drafter step over the nodes it
+    expands) for a chain's token: its value with n nodes verified is that of its n most valuable
     nodes (the sum of their path probabilities is the expected accepted length), and it grows
     another depth while some deeper tree is expected to beat the best it holds, each further
     depth taken to give the nodes it expands children as the newest depth gave its parents
@@ -342,8 +342,7 @@ class CostAwarePolicy(DraftPolicy):
         if shape.is_chain or self._budget is None:
             return shape
         # The depth is the stop rule's to choose; the width follows what the last rounds kept.
-        top_k = min(shape.top_k, self._budget)
-        return TreeShape(top_k=top_k, depth=shape.depth, total_tokens=shape.total_tokens)
+        return shape.narrowed(self._budget)
 
     def _one_token_unmeasured(self) -> bool:
         """Whether this round must be a plain step to measure the one-token cost: speculative
@@ -424,10 +423,12 @@ class CostAwarePolicy(DraftPolicy):
 
     def _a_deeper_tree_pays(self, nodes: TreeNodes, depth: int, fixed_s: float) -> bool:
         """Whether growing the tree beyond `depth` depths is expected to beat the best value of
-        the nodes it holds, each further depth expanding the top_k most valuable nodes of the one
-        before with children in the proportions the newest depth's parents gave theirs."""
+        the nodes it holds, each further depth expanding the most valuable nodes of the one before
+        (the shape's width) with children in the proportions the newest depth's parents gave
+        theirs."""
         shape, step_s = self.largest, self._draft_cost.per_step
-        top_k = shape.top_k if self._budget is None else min(shape.top_k, self._budget)
+        narrowed = shape if self._budget is None else shape.narrowed(self._budget)
+        top_k, width = narrowed.top_k, narrowed.width
         values = nodes.values
         newest = [i for i, d in enumerate(nodes.depths) if d == depth]
         children: dict[int, list[float]] = {}
@@ -438,14 +439,14 @@ class CostAwarePolicy(DraftPolicy):
         ratios = [sorted(r, reverse=True) for r in children.values()]
         # The child of each rank a parent is expected to get (missing children give nothing).
         by_rank = [sum(r[j] for r in ratios if j < len(r)) / len(ratios) for j in range(top_k)]
-        frontier = sorted((values[i] for i in newest), reverse=True)[:top_k]
+        frontier = sorted((values[i] for i in newest), reverse=True)[:width]
         grown = sorted(values, reverse=True)
         # The proposed tree keeps at most the shape's most valuable nodes.
         _, now = self._best(grown[: shape.max_tokens], fixed_s + depth * step_s)
         for deeper in range(depth + 1, shape.depth + 1):
             frontier = sorted((f * r for f in frontier for r in by_rank), reverse=True)
             grown = sorted(grown + frontier, reverse=True)[: shape.max_tokens]
-            frontier = frontier[:top_k]
+            frontier = frontier[:width]
             if self._best(grown, fixed_s + deeper * step_s)[1] > now:
                 return True
         return False

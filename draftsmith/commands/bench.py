@@ -70,10 +70,11 @@ class BenchCommand(TargetPlacement):
     artifact has a calibration, else the raw top-1 probabilities) falls below this (default
     0.4). Setting it picks the threshold policy."""
     tree: str = "chain"
-    """The draft each round: chain (up to --draft-tokens tokens), TOP_K,DEPTH,TOTAL (an EAGLE-2
-    dynamic tree: each depth expands the TOP_K most valuable nodes, TOTAL nodes kept; the
-    cost-aware policy cuts it to the size of best expected speed), or auto (the cost-aware
-    policy on the tree AUTO_TREE)."""
+    """The draft each round: chain (up to --draft-tokens tokens), TOP_K,DEPTH,TOTAL[,EXPAND] (an
+    EAGLE-2 dynamic tree: each depth expands the TOP_K most valuable nodes, or EXPAND of them,
+    TOP_K children each, TOTAL nodes kept; EXPAND 1 is a chain whose tokens come with TOP_K - 1
+    siblings; the cost-aware policy cuts it to the size of best expected speed), or auto (the
+    cost-aware policy on the tree AUTO_TREE)."""
     plot: Path | None = None
     """Also decode the prompts at a range of tree sizes and plot accepted length and tokens/s
     against tree size to this PNG, marking where auto's budget lands."""
@@ -222,15 +223,20 @@ def parse_options(pairs: list[str]) -> dict[str, int | float | str]:
 
 
 def parse_tree(spec: str) -> TreeShape | Literal["auto"] | None:
-    """--tree's value: None for chain, "auto", or the TreeShape of TOP_K,DEPTH,TOTAL."""
+    """--tree's value: None for chain, "auto", or the TreeShape of TOP_K,DEPTH,TOTAL[,EXPAND]."""
     if spec in ("chain", "auto"):
         return None if spec == "chain" else "auto"
     try:
-        top_k, depth, total = (int(part) for part in spec.split(","))
-        return TreeShape(top_k=top_k, depth=depth, total_tokens=total)
-    except ValueError:
+        parts = [int(part) for part in spec.split(",")]
+        if len(parts) not in (3, 4):
+            raise ValueError
+        top_k, depth, total, *expand = parts
+        return TreeShape(top_k, depth, total, expand[0] if expand else None)
+    except ValueError as error:
+        why = f" ({error})" if str(error) else ""
         raise ValueError(
-            f"--tree {spec!r}: give chain, auto or TOP_K,DEPTH,TOTAL (three integers, e.g. 8,6,48)"
+            f"--tree {spec!r}: give chain, auto or TOP_K,DEPTH,TOTAL[,EXPAND] (integers, e.g. "
+            f"8,6,48, or 4,6,24,1 for a chain with 3 siblings a token){why}"
         ) from None
 
 
