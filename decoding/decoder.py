@@ -301,9 +301,9 @@ class SpeculativeDecoder:
 
     def _row_drafters(self, count: int) -> RowDrafters:
         """The drafters of `count` rows: all drafting together where the drafter's kind can
-        (`Drafter.chain_batch`, chains only); else this decoder's drafter and count - 1 forks of
-        it, made once and kept for later batches."""
-        if count > 1 and self.policy.largest.is_chain:
+        (`Drafter.chain_batch`: chains, and trees expanding one node a depth); else this
+        decoder's drafter and count - 1 forks of it, made once and kept for later batches."""
+        if count > 1 and self.policy.largest.width == 1:
             together = self.drafter.chain_batch(count)
             if together is not None:
                 return together

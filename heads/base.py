@@ -296,9 +296,9 @@ class Drafter(ABC):
         )
 
     def chain_batch(self, rows: int) -> RowDrafters | None:
-        """The drafters of a batch of `rows` rows drafting chains, when this kind drafts every
-        row's chain in one forward per step; None (the default): each row drafts alone, with
-        `fork`s."""
+        """The drafters of a batch of `rows` rows drafting chains (or trees that expand one node
+        a depth, `TreeShape.expand` 1), when this kind drafts every row's chain in one forward
+        per step; None (the default): each row drafts alone, with `fork`s."""
         return None
 
     def expose_states(self, hook: StatesHook | None) -> None:

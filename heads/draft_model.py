@@ -15,7 +15,7 @@ from draftsmith.core.target import TREE_ATTENTION
 from draftsmith.core.tree import additive_mask, chain_parents
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, register_drafter
 from draftsmith.heads.state import DraftBuilder, OwnCache, agreeing
-from draftsmith.heads.tree import DynamicTree, TreeRows
+from draftsmith.heads.tree import DynamicTree, SiblingChain, TreeRows
 
 
 @register_drafter("draft-model")
@@ -124,7 +124,8 @@ class DraftModelDrafter(Drafter):
 
 
 class BatchedDraftModel(RowDrafters):
-    """The draft model drafting every row's chain of a batch in one forward per step.
+    """The draft model drafting every row's chain of a batch in one forward per step (or its
+    tree that expands one node a depth, `SiblingChain`: the same forwards).
 
     The rows share one ragged cache (`RaggedTarget` over the draft model), where each row keeps,
     as `DraftModelDrafter` does alone, the positions that agree with its committed tokens: each
@@ -149,7 +150,7 @@ class BatchedDraftModel(RowDrafters):
     def propose(self, rows: Sequence[int], requests: Sequence[DraftRequest]) -> list[Draft]:
         if list(rows) != self.order:
             raise ValueError(f"drafting rows {list(rows)}, but the batch holds {self.order}")
-        builders = [DraftBuilder(q) if q.shape.max_tokens else None for q in requests]
+        builders = [_grower(q) if q.shape.max_tokens else None for q in requests]
         blocks = []
         for row, builder in zip(rows, builders, strict=True):
             if builder is None:
@@ -196,3 +197,9 @@ class BatchedDraftModel(RowDrafters):
     def _truncate(self, row: int, length: int) -> None:
         self.cache.truncate(self.order.index(row), length)
         del self.cached[row][length:]
+
+
+def _grower(request: DraftRequest) -> DraftBuilder | SiblingChain:
+    """What drafts a row's request a step at a time: a chain, or a tree expanding one node a
+    depth (its siblings leaves, its one expanded node the chain's next token)."""
+    return DraftBuilder(request) if request.shape.is_chain else SiblingChain(request)

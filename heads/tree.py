@@ -77,6 +77,7 @@ class DynamicTree:
         self._logits: list[torch.Tensor] = []  # (V_s,) per expanded distribution
         self._logits_row: list[int] = []  # per node, its parent's distribution in _logits
         self._probs: list[torch.Tensor] = []  # under sampling, per node: q it was drawn from (V,)
+        self._frontier: list[int] = []  # the newest depth's nodes
 
     @classmethod
     def for_request(
@@ -103,16 +104,34 @@ class DynamicTree:
         """Grow the whole tree from the prediction after the newest committed token, root_logits
         (V,) (V_s over a `support`), calling expand once per further depth; returns the proposed
         `Draft`."""
-        frontier = self._add_children([-1], root_logits[None])
-        for depth in range(1, self.shape.depth):
-            width = self.shape.width
-            if self.sampling is not None:  # the budget is spent as the tree grows
-                width = min(width, self.shape.max_tokens - len(self.tokens))
-            if width <= 0 or not frontier or (self.stop is not None and self.stop(depth, self)):
-                break
-            ranked = sorted(frontier, key=lambda n: -self.values[n])[:width]
-            frontier = self._add_children(ranked, expand(ranked))
+        nodes = self.start(root_logits)
+        while nodes:
+            nodes = self.extend(nodes, expand(nodes))
         return self.draft()
+
+    def start(self, root_logits: torch.Tensor) -> list[int]:
+        """The first depth, from root_logits (V,) (V_s over a `support`); returns the nodes to
+        expand next (empty: the tree is grown), for `extend` with their logits."""
+        self._frontier = self._add_children([-1], root_logits[None])
+        return self._to_expand(depth=1)
+
+    def extend(self, nodes: list[int], logits: torch.Tensor) -> list[int]:
+        """The next depth: children of nodes from their logits (len(nodes), V) (V_s over a
+        `support`); returns the nodes to expand next (empty: the tree is grown)."""
+        self._frontier = self._add_children(nodes, logits)
+        return self._to_expand(depth=self.depths[self._frontier[0]] if self._frontier else 0)
+
+    def _to_expand(self, depth: int) -> list[int]:
+        """The most valuable nodes of the newest depth, `depth`, to give children, unless the
+        tree is grown: the shape's depth reached, the budget spent, or the stop rule says so."""
+        if not self._frontier or depth >= self.shape.depth:
+            return []
+        width = self.shape.width
+        if self.sampling is not None:  # the budget is spent as the tree grows
+            width = min(width, self.shape.max_tokens - len(self.tokens))
+        if width <= 0 or (self.stop is not None and self.stop(depth, self)):
+            return []
+        return sorted(self._frontier, key=lambda n: -self.values[n])[:width]
 
     def _add_children(self, nodes: list[int], logits: torch.Tensor) -> list[int]:
         """Give each of nodes (-1: the root) its children from its logits (len(nodes), V_s): the
@@ -281,3 +300,33 @@ class TreeRows:
             node = match[0]
             rows.append(self.row[node])
         return rows
+
+
+class SiblingChain:
+    """A tree that expands one node a depth (`TreeShape.expand` 1) grown a step at a time, as a
+    chain is drafted (`DraftBuilder`'s `add` / `done` / `draft`): each step the drafter runs the
+    one node to expand, whose siblings stay leaves, so a drafter that steps a batch's chains in
+    lockstep grows these trees with the same forwards."""
+
+    def __init__(self, request: DraftRequest) -> None:
+        if request.shape.width != 1:
+            raise ValueError(
+                f"{request.shape} expands {request.shape.width} nodes a depth; a sibling chain "
+                "expands one (expand=1)"
+            )
+        self.tree = DynamicTree.for_request(request)
+        self._next: list[int] | None = None
+        self.done = False
+
+    def add(self, logits: torch.Tensor) -> int | None:
+        """The children of the node expanded last (the root first) from logits (V,); returns the
+        token of the node to expand next, None once the tree is grown."""
+        if self._next is None:
+            self._next = self.tree.start(logits)
+        else:
+            self._next = self.tree.extend(self._next, logits[None])
+        self.done = not self._next
+        return None if self.done else self.tree.tokens[self._next[0]]
+
+    def draft(self) -> Draft:
+        return self.tree.draft()

@@ -35,6 +35,9 @@ PROMPTS = [[5, 17, 42], [9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 101]]
 # another row's tree, and the rows' drafts would differ from their drafts alone (not their tokens).
 CHAIN = FixedPolicy(max_draft_tokens=4, recalibrate=False)
 TREE = FixedPolicy(tree=TreeShape(top_k=3, depth=3, total_tokens=8), recalibrate=False)
+SIBLINGS = FixedPolicy(tree=TreeShape(top_k=3, depth=4, expand=1), recalibrate=False)
+"""Chains with two siblings a token: drafted together where the kind steps its rows' chains in
+one forward."""
 
 
 def _drafter(kind: str, target) -> Drafter:
@@ -49,7 +52,7 @@ def _drafter(kind: str, target) -> Drafter:
     return build_head(kind, target).as_drafter(target)  # untrained: a head's own state
 
 
-@pytest.mark.parametrize("policy", [CHAIN, TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("policy", [CHAIN, TREE, SIBLINGS], ids=["chain", "tree", "siblings"])
 @pytest.mark.parametrize(
     "kind", ["perturbed", "perturbed-together", "unrelated", "ngram", "eagle", "eagle3", "mtp"]
 )
@@ -190,17 +193,21 @@ class _ForwardCounter:
         model.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
 
 
-def test_a_draft_model_drafts_every_rows_chain_in_one_forward_per_step(llama):
+@pytest.mark.parametrize("policy", [CHAIN, SIBLINGS], ids=["chain", "siblings"])
+def test_a_draft_model_drafts_every_rows_chain_in_one_forward_per_step(llama, policy):
     draft = perturbed_copy(llama, scale=0.05)
     counter = _ForwardCounter(draft)
-    decoder = SpeculativeDecoder(llama, DraftModelDrafter(draft, batch_drafting=True), policy=CHAIN)
+    decoder = SpeculativeDecoder(
+        llama, DraftModelDrafter(draft, batch_drafting=True), policy=policy
+    )
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=12)
     batched = counter.calls
     counter.calls = 0
     alone = [decoder.generate(p, max_new_tokens=12) for p in PROMPTS]
     assert [r.tokens for r in batch] == [r.tokens for r in alone]
     assert [r.stats.accepted for r in batch] == [r.stats.accepted for r in alone]
-    # A round drafts 4 tokens in at most 4 forwards for all rows; alone, every row pays them.
+    assert all(r.stats.drafted > 0 for r in batch)
+    # A round drafts 4 depths in at most 4 forwards for all rows; alone, every row pays them.
     assert batched <= 4 * max(r.stats.target_forwards for r in batch) < counter.calls
 
 
@@ -212,6 +219,10 @@ def test_draft_trees_a_lone_prompt_and_a_cpu_with_stock_kernels_draft_row_by_row
     assert type(trees._row_drafters(2)) is RowDrafters
     chains = SpeculativeDecoder(llama, DraftModelDrafter(draft, batch_drafting=True), policy=CHAIN)
     assert isinstance(chains._row_drafters(2), BatchedDraftModel)
+    siblings = DraftModelDrafter(draft, batch_drafting=True)
+    assert isinstance(
+        SpeculativeDecoder(llama, siblings, policy=SIBLINGS)._row_drafters(2), BatchedDraftModel
+    )
     assert type(chains._row_drafters(1)) is RowDrafters
     on_cpu = SpeculativeDecoder(llama, DraftModelDrafter(draft), policy=CHAIN)
     monkeypatch.setattr(small_rows, "ENABLED", True)  # packed weights keep a few rows cheap
@@ -273,10 +284,11 @@ def test_each_row_samples_the_targets_distribution():
     assert not _sequence_fits(counts[1], exact[2], n)
 
 
+@pytest.mark.parametrize("policy", [CHAIN, SIBLINGS], ids=["chain", "siblings"])
 @pytest.mark.parametrize("kind", ["perturbed", "perturbed-together"])
-def test_a_sampled_row_equals_its_prompt_sampled_alone_with_its_seed(llama, kind):
+def test_a_sampled_row_equals_its_prompt_sampled_alone_with_its_seed(llama, kind, policy):
     """Row b draws from its own generator seeded seed + b, as `generate` does alone."""
-    decoder = SpeculativeDecoder(llama, _drafter(kind, llama), policy=CHAIN)
+    decoder = SpeculativeDecoder(llama, _drafter(kind, llama), policy=policy)
     sampling = {"temperature": 0.8, "top_k": 20}
     batch = decoder.generate_batch(PROMPTS, max_new_tokens=12, seed=7, **sampling)
     for row, (prompt, result) in enumerate(zip(PROMPTS, batch, strict=True)):
