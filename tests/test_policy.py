@@ -610,6 +610,19 @@ def test_a_tree_grows_while_a_deeper_tree_is_expected_to_pay(step_s, grows):
     assert stop(1, _Nodes([0.8, 0.1], [-1, -1])) is not grows
 
 
+@pytest.mark.parametrize(("expand", "grows"), [(None, True), (1, False)])
+def test_a_deeper_tree_is_valued_on_the_nodes_it_would_expand(expand, grows):
+    """As above at 0.68 s a step: expanding both depth-1 nodes adds 0.81 tokens for a step,
+    which pays (2.71 / 2.36 > 1.9 / 1.68); expanding the best one alone (a sibling chain) adds
+    0.72, which does not (2.62 / 2.36), nor does any deeper sibling chain."""
+    shape = TreeShape(top_k=2, depth=3, total_tokens=12, expand=expand)
+    policy = CostAwarePolicy(tree=shape, cost=_curve([1.0] * 13))
+    _fit_drafting(policy, 0.68)
+    policy.shape()
+    stop = policy.tree_stop_fn()
+    assert stop(1, _Nodes([0.8, 0.1], [-1, -1])) is not grows
+
+
 def test_no_tree_is_drafted_where_even_a_chain_accepted_whole_cannot_pay():
     """A depth takes 5 s and a verification 1 s: no n depths committing n + 1 tokens beat a plain
     step, so the round drafts nothing rather than a root's children it would cut."""
