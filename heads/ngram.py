@@ -13,7 +13,8 @@ class NgramDrafter(Drafter):
 
     It matches the longest suffix of the committed sequence (up to `max_ngram` tokens, at least
     `min_ngram`) that occurred earlier and proposes what came after its most recent occurrence
-    (a chain), or after each of its `top_k` most recent occurrences (a tree's branches).
+    (a chain), or after each of its `top_k` most recent occurrences (a tree's branches; a chain
+    for a tree expanding one node a depth: it has no distribution to rank runners-up by).
     Its proposals are deterministic, so the verifier treats q as one-hot.
     """
 
@@ -32,6 +33,7 @@ class NgramDrafter(Drafter):
 
     def draft(self, request: DraftRequest) -> Draft:
         seq = self._committed
+        branches = request.shape.top_k if request.shape.width > 1 else 1
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             suffix = seq[-n:]
             # The top_k most recent earlier occurrences whose continuation is not the suffix itself.
@@ -39,7 +41,7 @@ class NgramDrafter(Drafter):
             for start in range(len(seq) - n - 1, -1, -1):
                 if seq[start : start + n] == suffix:
                     follows.append(seq[start + n : start + n + request.shape.depth])
-                    if len(follows) == request.shape.top_k:
+                    if len(follows) == branches:
                         break
             if follows:
                 return _trie(follows, request.shape.max_tokens)

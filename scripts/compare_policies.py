@@ -10,7 +10,8 @@ reported as ratios to plain and to the first policy.
         [--repeats 3] [--json OUT.json]
 
 A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
-tree=auto|TOP_KxDEPTHxTOTAL, raw=1 to rank drafts by raw confidence instead of the artifact's
+tree=chain|auto|TOP_KxDEPTHxTOTAL[xEXPAND] (cost-aware's default: a sibling chain; tree=chain
+or siblings=0, a bare one), raw=1 to rank drafts by raw confidence instead of the artifact's
 calibration, online=shared to recalibrate online with one correction for every drafted token
 (as `OnlineAcceptance` did before it corrected a round's first token apart from the later
 ones), small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
@@ -225,8 +226,11 @@ def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:
     name, _, rest = spec.partition(":")
     options = parse_options(rest.split(",") if rest else [])
     if "tree" in options:
-        tree = parse_tree(str(options.pop("tree")).replace("x", ","))
+        spec = str(options.pop("tree"))
+        tree = parse_tree(spec.replace("x", ","))
         options["tree"] = AUTO_TREE if tree == "auto" else tree
+        if spec == "chain" and name == "cost-aware":
+            options.setdefault("siblings", 0)
     if name == "cost-aware":
         options["cost"] = cost_curve(target, target_name)
     return name, options

@@ -141,6 +141,7 @@ def test_cm_asd_drafts_long_when_confident_and_short_when_not():
 
 def test_cost_aware_drafts_long_when_verification_is_flat_and_acceptance_high(llama):
     policy = CostAwarePolicy(
+        siblings=0,
         max_draft_tokens=6,
         cost=_curve([1.0] * 8),
         acceptance=ConstantCalibrator(0.9),
@@ -152,6 +153,7 @@ def test_cost_aware_drafts_long_when_verification_is_flat_and_acceptance_high(ll
 def test_cost_aware_drafts_nothing_when_each_token_costs_a_full_forward(llama):
     # Verifying n tokens costs n forwards: no acceptance below 1 makes a draft pay.
     policy = CostAwarePolicy(
+        siblings=0,
         max_draft_tokens=6,
         cost=_curve([float(n) for n in range(1, 9)]),
         acceptance=ConstantCalibrator(0.7),
@@ -164,6 +166,7 @@ def test_cost_aware_drafts_nothing_when_each_token_costs_a_full_forward(llama):
 def test_cost_aware_stops_where_the_curve_steps_up(llama):
     # Up to 4 tokens cost one forward, beyond that each costs a full forward.
     policy = CostAwarePolicy(
+        siblings=0,
         max_draft_tokens=6,
         cost=_curve([1.0, 1.0, 1.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
         acceptance=ConstantCalibrator(0.8),
@@ -185,7 +188,7 @@ def test_the_first_round_stops_once_a_drafter_step_costs_more_than_it_adds(
     verification a step, with 0.9 acceptance, a 3-token chain is worth most (E / (0.5 n + 1))."""
     tick_clock(monkeypatch, step_s)
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.9), recalibrate=False
+        siblings=0, cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.9), recalibrate=False
     )
     assert _stop_length(policy, torch.zeros(1, 16)) == drafted
 
@@ -195,7 +198,7 @@ def test_each_rows_chain_is_cut_on_its_own_acceptance(monkeypatch):
     stop rules were made before either row drafted)."""
     tick_clock(monkeypatch, 0.0)
     cost = CostCurve(tokens=[1, 2, 4, 6, 8], verify_s=[1.0, 1.0, 1.2, 4.0, 6.0], context=8)
-    policy = CostAwarePolicy(cost=cost, recalibrate=False)  # raw top-1 probability
+    policy = CostAwarePolicy(siblings=0, cost=cost, recalibrate=False)  # raw top-1 probability
     policy.shape(rows=2)
     confident, unsure = torch.full((1, 1000), -20.0), torch.zeros(1, 1000)
     confident[0, 0] = 0.0
@@ -219,7 +222,7 @@ def test_a_sampled_chain_is_not_kept_for_what_its_later_tokens_promise(monkeypat
     it would make the first token's fate depend on its own draw, and the output would no longer
     follow the target's distribution."""
     tick_clock(monkeypatch, 0.0)
-    policy = CostAwarePolicy(cost=_curve(_PAIR_PAYS), recalibrate=False)  # raw top-1
+    policy = CostAwarePolicy(siblings=0, cost=_curve(_PAIR_PAYS), recalibrate=False)  # raw top-1
     policy.shape()
     stop = policy.stop_fn()
     q = torch.tensor([0.9, 0.1])
@@ -279,7 +282,7 @@ def _plain_step_timed(policy: CostAwarePolicy, round_s: float = 1.0, rows: int =
 def test_cost_aware_falls_back_to_plain_decoding_and_probes_again(caplog):
     # A budget that any probe's loss fits: the doubling alone sets the plain stretches.
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), patience=0.15, first_backoff=2, probe_budget=1.0
+        siblings=0, cost=_curve([1.0] * 10), patience=0.15, first_backoff=2, probe_budget=1.0
     )
     # 0.1 s of drafting, then a verification that costs what a plain step does: 0.1 s lost, and
     # the second such round has lost more than 0.15 of a plain step.
@@ -313,7 +316,7 @@ def test_cost_aware_falls_back_to_plain_decoding_and_probes_again(caplog):
 
 def test_a_plain_stretch_runs_on_into_the_next_request():
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), patience=0.05, first_backoff=3, probe_budget=1.0
+        siblings=0, cost=_curve([1.0] * 10), patience=0.05, first_backoff=3, probe_budget=1.0
     )
     policy.observe(_round(committed=1, round_s=1.5))  # lost: 3 plain rounds
     policy.observe(_round(committed=1, round_s=1.0, drafted=0))
@@ -337,7 +340,7 @@ def _drafted_round(policy: CostAwarePolicy, draft_s: float, accepted: int) -> No
 def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_of(monkeypatch):
     tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), patience=0.25, first_backoff=2, probe_budget=0.05
+        siblings=0, cost=_curve([1.0] * 10), patience=0.25, first_backoff=2, probe_budget=0.05
     )
     # The probe's first round has the drafter catch up on the prompt (3 s of drafting), the
     # next three commit one token each for 0.1 s of drafting (the third takes the loss past a
@@ -359,7 +362,7 @@ def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it
     lose exactly the one plain step of patience, a ninth falls back; a round that commits 4
     tokens for 1.3 s puts speculation ahead and the count starts again."""
     tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=1.0)
+    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=1.0)
     _drafted_round(policy, draft_s=0.1, accepted=0)  # catching up on the prompt
     for _ in range(5):
         _drafted_round(policy, draft_s=0.125, accepted=0)
@@ -378,7 +381,7 @@ def test_learning_from_a_drafted_round_is_a_cost_of_speculation(monkeypatch, lea
     decoder timed: with none, eight rounds lose the one plain step of patience and a ninth falls
     back; with 0.125 s a round, four do and a fifth falls back."""
     tick_clock(monkeypatch, learning_s)  # observe_round reads the clock before and after
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=1.0)
+    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=1.0)
     _drafted_round(policy, draft_s=0.1, accepted=0)  # catching up on the prompt
     for _ in range(rounds):
         _drafted_round(policy, draft_s=0.125, accepted=0)
@@ -412,6 +415,7 @@ def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_s
     ahead, passes the eight of `patience` only in the 81st."""
     tick_clock(monkeypatch, 0.0)
     policy = CostAwarePolicy(
+        siblings=0,
         cost=_curve([1.0] * 10),
         acceptance=ConstantCalibrator(0.2),
         recalibrate=False,
@@ -434,7 +438,7 @@ def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_s
     throughout."""
     tick_clock(monkeypatch, 0.0)
     policy = CostAwarePolicy(
-        cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.5), recalibrate=False
+        siblings=0, cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.5), recalibrate=False
     )
     policy.start(size=RequestSize((100,), 64))
     for n in range(12):
@@ -454,7 +458,7 @@ def test_the_round_a_drafter_catches_up_in_is_not_judged_as_speculations_rate():
     """The first round has the drafter read the prompt (6 s): 4 tokens for 7 s, 3 s lost against
     plain's one a second, more than the 2 plain steps of patience. After it, 4 tokens commit
     per 1.3 s, and speculation goes on."""
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=2.0)
+    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=2.0)
     _drafted_round(policy, draft_s=6.0, accepted=3)
     assert policy.speculating
     for _ in range(3):
@@ -465,7 +469,7 @@ def test_the_round_a_drafter_catches_up_in_is_not_judged_as_speculations_rate():
 def test_cost_aware_judges_rounds_on_the_scaled_curve_not_their_wall_time():
     # Every drafted token is cut, so each round verifies one token after 0.1 s of drafting; on a
     # busy machine the rounds happen to take less wall time than the curve's plain step.
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=0.2, first_backoff=2)
+    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=0.2, first_backoff=2)
     cut = RoundOutcome(Draft.empty(), [], draft_s=0.1, round_s=0.9)
     for _ in range(2):
         policy.observe(cut)
@@ -478,7 +482,7 @@ def test_the_one_token_cost_is_timed_apart_from_the_wider_rounds():
     """On a flat curve, rounds verifying 5 tokens take 1.5 s and one-token rounds 1.1 s: once
     three wider rounds set the scale, the policy asks for a plain step to time the one-token cost,
     and then prices one token at 1.1 s and more at 1.5 s, not both at the wider rounds' scale."""
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10))
+    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10))
     for _ in range(cost_aware.TRUSTED_WIDER):
         assert policy.shape().max_tokens > 0
         policy.observe(_round(committed=2, round_s=1.6))
@@ -489,7 +493,7 @@ def test_the_one_token_cost_is_timed_apart_from_the_wider_rounds():
 
 
 def test_one_slow_round_does_not_move_the_scale():
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), timed_rounds=3)
+    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), timed_rounds=3)
     for round_s in (1.1, 1.1, 10.1):  # the last: a hiccup of a busy machine
         policy.observe(_round(committed=5, round_s=round_s))
     assert policy.round_verify_s(3) == pytest.approx(1.0)
@@ -500,6 +504,7 @@ def test_both_costs_are_timed_again_after_refresh_rounds():
     round, the next is a plain step. Drafts that never pay (acceptance 0.01, a second token
     costing half a forward more) leave the wider cost untimed: the 5th round keeps a token."""
     policy = CostAwarePolicy(
+        siblings=0,
         cost=_curve([1.0] + [1.5] * 9),
         refresh_rounds=4,
         acceptance=ConstantCalibrator(0.01),
@@ -529,7 +534,9 @@ def test_a_wider_round_is_timed_again_where_no_draft_is_expected_to_pay():
     """Each verified token costs a full forward, so no draft pays; still, after 4 rounds without
     a wider one, the policy drafts to time one (a scale that overstates that cost would
     otherwise never be measured again)."""
-    policy = CostAwarePolicy(cost=_curve([float(n) for n in range(1, 11)]), refresh_rounds=4)
+    policy = CostAwarePolicy(
+        siblings=0, cost=_curve([float(n) for n in range(1, 11)]), refresh_rounds=4
+    )
     drafts = []
     for _ in range(5):
         drafts.append(policy.shape().max_tokens > 0)
@@ -553,7 +560,11 @@ def test_cost_aware_plans_a_batch_on_the_cost_of_the_batch_forward(cost, drafts_
     """At 8 rows a 4-token chain verifies 32 tokens in one forward, 8 times a plain step's 1 (for
     8 tokens): it cannot pay where cost grows with the tokens, and does where it stays flat."""
     policy = CostAwarePolicy(
-        cost=cost, max_draft_tokens=3, acceptance=ConstantCalibrator(0.8), recalibrate=False
+        siblings=0,
+        cost=cost,
+        max_draft_tokens=3,
+        acceptance=ConstantCalibrator(0.8),
+        recalibrate=False,
     )
     assert {rows: policy.shape(rows=rows).max_tokens > 0 for rows in drafts_at} == drafts_at
 
@@ -697,7 +708,7 @@ def _batch_round(committed: list[int], drafted: list[int], draft_s: float, round
 
 
 def test_cost_aware_scales_its_curve_by_the_batch_forward_it_timed():
-    policy = CostAwarePolicy(cost=_SATURATING)
+    policy = CostAwarePolicy(siblings=0, cost=_SATURATING)
     policy.shape(rows=4)
     # Blocks padded to the widest (3 drafted + the root): 16 tokens, 4.0 s on the curve.
     policy.observe_round(_batch_round([1, 2, 4, 1], [0, 2, 3, 1], draft_s=0.5, round_s=8.5))
@@ -710,7 +721,7 @@ def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost(monk
     that each commit one token a row for 1.5 s (0.5 s of drafting) lose 0.5 s each: 1.0 s, 5%
     of 20 plain rounds. Judged row by row (four outcomes a round) they would lose 4 times that."""
     tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
-    policy = CostAwarePolicy(cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05)
+    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05)
     for _ in range(2):
         assert policy.shape(rows=4).max_tokens > 0
         policy.observe_round(_batch_round([1] * 4, [4] * 4, draft_s=0.5, round_s=1.5))
@@ -758,14 +769,14 @@ def test_the_decoder_reports_each_batch_round_to_the_policy_at_once(llama):
 
 def test_cost_aware_falls_back_when_the_drafter_is_useless(llama):
     useless = DraftModelDrafter(tiny_model("llama", seed=99))
-    policy = CostAwarePolicy(max_draft_tokens=4, cost=_curve([1e-3] * 6))
+    policy = CostAwarePolicy(siblings=0, max_draft_tokens=4, cost=_curve([1e-3] * 6))
     stats = _decode(llama, policy, max_new=60, drafter=useless)
     # Rounds after the first fall-back mostly draft nothing.
     assert stats.drafted < 2 * stats.target_forwards
 
 
 def test_cost_aware_measures_the_curve_when_given_none(llama):
-    policy = CostAwarePolicy(max_draft_tokens=3)
+    policy = CostAwarePolicy(siblings=0, max_draft_tokens=3)
     _decode(llama, policy, max_new=6)
     assert policy.cost is not None and policy.cost.tokens[-1] == 4
 
@@ -845,3 +856,31 @@ def test_the_policy_recalibrates_its_acceptance_from_the_verifications(
     learned = float(policy.acceptance_prob(signals)[0])
     assert policy.acceptance.corrections[0].n_observed > 10
     assert (learned - 0.5) * direction > 0.1
+
+
+def test_the_default_drafts_chains_with_three_siblings_a_token():
+    policy = CostAwarePolicy(max_draft_tokens=6)
+    assert policy.largest == TreeShape(top_k=4, depth=6, total_tokens=24, expand=1)
+    assert CostAwarePolicy(siblings=0, max_draft_tokens=6).largest.is_chain
+    assert CostAwarePolicy(tree=TreeShape(top_k=2, depth=3)).largest == TreeShape(2, 3)
+    with pytest.raises(ValueError, match="siblings must be >= 0"):
+        CostAwarePolicy(siblings=-1)
+
+
+def test_a_sampled_sibling_that_does_not_pay_cuts_its_younger_siblings_not_the_chain():
+    """Verification costs 0.1 a token more from the second on, drafting nothing: the chain's
+    first token (0.9) pays, its sibling (0.05) does not (1.95 / 1.2 < 1.9 / 1.1), and the
+    chain's second token (0.8) pays on what precedes it; the younger sibling goes with its
+    elder, and the node under the cut sibling with it."""
+    policy = CostAwarePolicy(cost=_curve([1.0, 1.1, 1.2, 1.3, 1.4, 1.5]), patience=1e9)
+    _fit_drafting(policy, 0.0)
+    policy.shape()
+    draft = Draft(
+        tokens=torch.tensor([5, 6, 7, 8, 9]),
+        parents=torch.tensor([-1, -1, -1, 0, 1]),
+        values=torch.tensor([0.9, 0.05, 0.04, 0.8, 0.04]),
+        probs=torch.full((5, 16), 1 / 16),
+    )
+    kept = policy.trim(draft)
+    assert kept.tokens.tolist() == [5, 8]
+    assert kept.parents.tolist() == [-1, 0]

@@ -302,7 +302,7 @@ def test_cost_aware_cuts_keep_sampling_exact(monkeypatch, tree):
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
     drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
     cost = CostCurve(tokens=[1, 2, 3, 4, 5], verify_s=[0.02, 0.02, 0.02, 0.02, 0.1], context=8)
-    policy = CostAwarePolicy(tree=tree, cost=cost, patience=1e9, max_draft_tokens=4)
+    policy = CostAwarePolicy(tree=tree, siblings=0, cost=cost, patience=1e9, max_draft_tokens=4)
     decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy)
     counts = Counter()
     drafted = accepted = 0

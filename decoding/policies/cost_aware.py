@@ -119,8 +119,8 @@ class CostAwarePolicy(DraftPolicy):
     which keeps rejection sampling exact. Nothing is drafted while even a
     chain the target would accept whole could not beat a plain step.
 
-    A tree (`tree` set) is planned the same way, a depth (one drafter step over the nodes it
-    expands) for a chain's token: its value with n nodes verified is that of its n most valuable
+    A tree (`tree` set, or the default's chain with `siblings`) is planned the same way, a depth
+    (one drafter step over the nodes it expands) for a chain's token: its value with n nodes verified is that of its n most valuable
     nodes (the sum of their path probabilities is the expected accepted length), and it grows
     another depth while some deeper tree is expected to beat the best it holds, each further
     depth taken to give the nodes it expands children as the newest depth gave its parents
@@ -185,6 +185,10 @@ class CostAwarePolicy(DraftPolicy):
     """
 
     name = "cost-aware"
+    siblings: int = 3
+    """Runners-up drafted with each token of a chain, as leaves the drafter never runs (a tree
+    expanding one node a depth, `TreeShape.expand`): more candidates for a chain's drafting,
+    cut like a tree's nodes to those that pay. 0: a bare chain. Unused where `tree` is set."""
     cost: CostCurve | None = None
     """The target's verification cost (`draftsmith profile`); None: measured at first use."""
     patience: float = 8.0
@@ -281,6 +285,8 @@ class CostAwarePolicy(DraftPolicy):
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         if not 0.0 < self.probe_budget <= 1.0:
             raise ValueError(f"probe_budget must be in (0, 1], got {self.probe_budget}")
+        if self.siblings < 0:
+            raise ValueError(f"siblings must be >= 0, got {self.siblings}")
         if self.timed_rounds < 1:
             raise ValueError(f"timed_rounds must be >= 1, got {self.timed_rounds}")
         if self.refresh_rounds < 1:
@@ -331,6 +337,15 @@ class CostAwarePolicy(DraftPolicy):
 
     # -- planning ----------------------------------------------------------------------------
 
+    @property
+    def largest(self) -> TreeShape:
+        """`tree`, or a chain of max_draft_tokens with `siblings` runners-up a token."""
+        if self.tree is not None or self.siblings == 0:
+            return super().largest
+        width = 1 + self.siblings
+        depth = self.max_draft_tokens
+        return TreeShape(top_k=width, depth=depth, total_tokens=width * depth, expand=1)
+
     def shape(self, rows: int = 1) -> TreeShape:
         self._rows, self._drafted, self._drafted_steps = rows, 0, 0
         self._round_acceptance, self._round_depths, self._expected = [], [], []
@@ -368,7 +383,7 @@ class CostAwarePolicy(DraftPolicy):
 
     def stop_fn(self) -> StopFn | None:
         """A row's stop rule for this round (one per row, asked for in row order)."""
-        if self.cost is None or self.tree is not None:
+        if self.cost is None or not self.largest.is_chain:
             return None
         accepted: list[float] = []
         self._round_acceptance.append(accepted)
@@ -400,7 +415,7 @@ class CostAwarePolicy(DraftPolicy):
 
     def tree_stop_fn(self) -> TreeStopFn | None:
         """A row's rule ending its tree's growth this round (one per row, in row order)."""
-        if self.cost is None or self.tree is None:
+        if self.cost is None or self.largest.is_chain:
             return None
         grown = [1]
         self._round_depths.append(grown)
@@ -453,7 +468,8 @@ class CostAwarePolicy(DraftPolicy):
 
     def trim(self, draft: Draft) -> Draft:
         self._drafted += len(draft)
-        if self.tree is None:
+        chain = self.largest.is_chain
+        if chain:
             steps = len(draft)
         elif self._round_depths:  # rows are trimmed in the order their stop rules were made
             steps = self._round_depths.pop(0)[0] if len(draft) else 0
@@ -463,7 +479,7 @@ class CostAwarePolicy(DraftPolicy):
         if self.cost is None or len(draft) == 0:
             self._expected.append(1.0 if len(draft) == 0 else None)
             return draft
-        if self.tree is not None:
+        if not chain:
             return self._trim_tree(draft, steps)
         # Rows are trimmed in the order their stop rules were made.
         accepted = self._round_acceptance.pop(0) if self._round_acceptance else []
@@ -497,15 +513,9 @@ class CostAwarePolicy(DraftPolicy):
             self._expected.append(None)
             return draft
         if draft.probs is not None:
-            # Depth by depth, each depth's most valuable first (ties: the earlier node, so a
-            # node's elder siblings go first): every node comes after its parent.
-            order = sorted(
-                range(len(draft)),
-                key=lambda n: (int(draft.depths[n]), -float(draft.values[n]), n),
-            )
-            values = [float(draft.values[n]) for n in order]
-            size = self._while_each_pays(values, [int(draft.depths[n]) for n in order])
-            kept = draft.subtree(sorted(order[: self._kept(size, values)]))
+            nodes = self._sampled_nodes_that_pay(draft)
+            kept = draft.subtree(sorted(nodes))
+            self._expected.append(1.0 + float(kept.values.sum()))
         else:
             # A node's value is its path's probability of acceptance, so the n most valuable
             # nodes (parents are worth at least their children) are expected to give their sum.
@@ -515,6 +525,37 @@ class CostAwarePolicy(DraftPolicy):
         widest = int(kept.depths.bincount().max()) if len(kept) else 1
         self._budget = min(2 * widest, self.largest.top_k)
         return kept
+
+    def _sampled_nodes_that_pay(self, draft: Draft) -> list[int]:
+        """The nodes of a sampled tree to verify (at least the first judged, where `_measuring`
+        asks for one), judged depth by depth, each depth's most valuable first (ties: the
+        earlier node, so a node's elder siblings go first), each kept where its
+        verification raises this round's committed tokens per second on the nodes kept before
+        it, its drafting spent; one that does not cuts its younger siblings (the verifier tries
+        siblings in the order drawn) and every node under it.
+
+        As `_while_each_pays` for a chain, whether a node is verified depends on the values of
+        the nodes judged before it and its own, a property of its parent's distribution and its
+        rank, never on its token or on anything drafted after it: sampling stays exact."""
+        parents, depths = draft.parents.tolist(), draft.depths.tolist()
+        values = draft.values.tolist()
+        order = sorted(range(len(draft)), key=lambda n: (depths[n], -values[n], n))
+        kept: list[int] = []
+        closed: set[int] = set()  # parents whose younger children are cut
+        accepted, verified = 0.0, 1
+        for node in order:
+            parent = parents[node]
+            if parent in closed or (parent >= 0 and parent not in kept):
+                continue
+            spent_s = self._drafting_s(depths[node])
+            without = (1.0 + accepted) / (spent_s + self.row_verify_s(verified))
+            with_it = (1.0 + accepted + values[node]) / (spent_s + self.row_verify_s(verified + 1))
+            if with_it <= without:
+                closed.add(parent)
+                continue
+            kept.append(node)
+            accepted, verified = accepted + values[node], verified + 1
+        return kept if kept or not order else order[: self._measuring(0)]
 
     def _drafting_s(self, steps: int) -> float:
         """A row's expected seconds of drafting `steps` steps this round."""

@@ -69,12 +69,13 @@ class BenchCommand(TargetPlacement):
     """threshold: stop a draft once its cumulative acceptance probability (calibrated when the
     artifact has a calibration, else the raw top-1 probabilities) falls below this (default
     0.4). Setting it picks the threshold policy."""
-    tree: str = "chain"
+    tree: str | None = None
     """The draft each round: chain (up to --draft-tokens tokens), TOP_K,DEPTH,TOTAL[,EXPAND] (an
     EAGLE-2 dynamic tree: each depth expands the TOP_K most valuable nodes, or EXPAND of them,
     TOP_K children each, TOTAL nodes kept; EXPAND 1 is a chain whose tokens come with TOP_K - 1
     siblings; the cost-aware policy cuts it to the size of best expected speed), or auto (the
-    cost-aware policy on the tree AUTO_TREE)."""
+    cost-aware policy on the tree AUTO_TREE). Default: the policy's own (cost-aware: a chain of
+    up to --draft-tokens tokens with 3 siblings each; the others: a chain)."""
     plot: Path | None = None
     """Also decode the prompts at a range of tree sizes and plot accepted length and tokens/s
     against tree size to this PNG, marking where auto's budget lands."""
@@ -188,13 +189,15 @@ class BenchCommand(TargetPlacement):
         target's stored cost curve (without a target: none yet)."""
         from draftsmith.decoding import build_policy
 
-        tree = parse_tree(self.tree)
+        tree = parse_tree(self.tree or "chain")
         options = {
             "max_draft_tokens": self.draft_tokens,
             "tree": AUTO_TREE if tree == "auto" else tree,
             "acceptance": acceptance,
             **parse_options(self.policy_option),
         }
+        if self.tree == "chain" and self.policy == DEFAULT_POLICY:
+            options.setdefault("siblings", 0)
         if self.policy == "threshold" and self.min_path_confidence is not None:
             options["min_path_confidence"] = self.min_path_confidence
         if self.policy == DEFAULT_POLICY and target is not None:
