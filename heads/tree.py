@@ -2,9 +2,9 @@
 
 The tree starts from the drafter's prediction after the newest committed token. Each following
 depth expands the most valuable nodes of the depth before (`TreeShape.width`: top_k, or the
-shape's `expand`), `top_k` children each, in one forward of the drafter, until the shape's depth or until the request's `tree_stop` ends it; a
-node's value is the estimated probability that the target accepts its
-whole path (the `AcceptanceFn` multiplied along it).
+shape's `expand`), `top_k` children each, in one forward of the drafter, until the shape's depth
+or until the request's `tree_stop` ends it; a node's value is the estimated probability that the
+target accepts its whole path (the `AcceptanceFn` multiplied along it).
 
 Greedy: children are the top-k tokens, and the proposed tree keeps the `total_tokens` most
 valuable nodes. Sampling: a node's children are drawn from its processed draft distribution q

@@ -120,12 +120,13 @@ class CostAwarePolicy(DraftPolicy):
     chain the target would accept whole could not beat a plain step.
 
     A tree (`tree` set, or the default's chain with `siblings`) is planned the same way, a depth
-    (one drafter step over the nodes it expands) for a chain's token: its value with n nodes verified is that of its n most valuable
-    nodes (the sum of their path probabilities is the expected accepted length), and it grows
-    another depth while some deeper tree is expected to beat the best it holds, each further
-    depth taken to give the nodes it expands children as the newest depth gave its parents
-    theirs (the chain's rule when top_k is 1). It is then cut to its nodes of best value, its
-    drafting spent, and the next round expands up to twice as many nodes a depth as were kept.
+    (one drafter step over the nodes it expands) for a chain's token: its value with n nodes
+    verified is that of its n most valuable nodes (the sum of their path probabilities is the
+    expected accepted length), and it grows another depth while some deeper tree is expected to
+    beat the best it holds, each further depth taken to give the nodes it expands children as
+    the newest depth gave its parents theirs (the chain's rule when top_k is 1). It is then cut
+    to its nodes of best value, its drafting spent, and the next round expands up to twice as
+    many nodes a depth as were kept.
 
     A batch (rows decoding together, each verifying its own draft in the round's one target
     forward) is planned per row, as if every row drafted what this one does: a row's share of
