@@ -40,7 +40,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from draftsmith.commands.bench import AUTO_TREE, cost_curve, parse_options, parse_tree
+from draftsmith.commands.bench import cost_curve, parse_options, tree_options
 from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core import small_rows
 from draftsmith.core.models import load_model
@@ -226,11 +226,8 @@ def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:
     name, _, rest = spec.partition(":")
     options = parse_options(rest.split(",") if rest else [])
     if "tree" in options:
-        spec = str(options.pop("tree"))
-        tree = parse_tree(spec.replace("x", ","))
-        options["tree"] = AUTO_TREE if tree == "auto" else tree
-        if spec == "chain" and name == "cost-aware":
-            options.setdefault("siblings", 0)
+        tree = str(options.pop("tree")).replace("x", ",")
+        options = {**tree_options(tree, name), **options}
     if name == "cost-aware":
         options["cost"] = cost_curve(target, target_name)
     return name, options

@@ -454,3 +454,16 @@ def test_bench_batch_size_flag_errors(tmp_path, capsys):
     assert "--batch-size must be >= 1" in line
     line = fails(capsys, [*bench("unused", "ngram", file), "--batch-size", "2", "--plot", "a.png"])
     assert "--plot sweeps tree sizes at batch size 1" in line
+
+
+def test_tree_chain_asks_the_default_policy_for_a_bare_chain():
+    from draftsmith.commands.bench import tree_options
+    from draftsmith.decoding.policies import DEFAULT_POLICY, build_policy
+
+    def largest(spec, policy):
+        return build_policy(policy, **tree_options(spec, policy)).largest
+
+    assert largest("chain", DEFAULT_POLICY).is_chain
+    assert largest(None, DEFAULT_POLICY).expand == 1  # its own draft: a sibling chain
+    assert largest("chain", "fixed").is_chain and largest(None, "fixed").is_chain
+    assert largest("4,3,12,1", "fixed").width == 1

@@ -514,8 +514,7 @@ class CostAwarePolicy(DraftPolicy):
             self._expected.append(None)
             return draft
         if draft.probs is not None:
-            nodes = self._sampled_nodes_that_pay(draft)
-            kept = draft.subtree(sorted(nodes))
+            kept = draft.subtree(self._sampled_nodes_that_pay(draft))
             self._expected.append(1.0 + float(kept.values.sum()))
         else:
             # A node's value is its path's probability of acceptance, so the n most valuable
@@ -528,9 +527,9 @@ class CostAwarePolicy(DraftPolicy):
         return kept
 
     def _sampled_nodes_that_pay(self, draft: Draft) -> list[int]:
-        """The nodes of a sampled tree to verify (at least the first judged, where `_measuring`
-        asks for one), judged depth by depth, each depth's most valuable first (ties: the
-        earlier node, so a node's elder siblings go first), each kept where its
+        """The nodes of a sampled tree to verify, ascending (at least the first judged where
+        `_measuring` asks for one), judged depth by depth, each depth's most valuable first
+        (ties: the earlier node, so a node's elder siblings go first), each kept where its
         verification raises this round's committed tokens per second on the nodes kept before
         it, its drafting spent; one that does not cuts its younger siblings (the verifier tries
         siblings in the order drawn) and every node under it.
@@ -541,22 +540,19 @@ class CostAwarePolicy(DraftPolicy):
         parents, depths = draft.parents.tolist(), draft.depths.tolist()
         values = draft.values.tolist()
         order = sorted(range(len(draft)), key=lambda n: (depths[n], -values[n], n))
-        kept: list[int] = []
+        kept: set[int] = set()
         closed: set[int] = set()  # parents whose younger children are cut
-        accepted, verified = 0.0, 1
+        accepted = 0.0
         for node in order:
             parent = parents[node]
             if parent in closed or (parent >= 0 and parent not in kept):
                 continue
-            spent_s = self._drafting_s(depths[node])
-            without = (1.0 + accepted) / (spent_s + self.row_verify_s(verified))
-            with_it = (1.0 + accepted + values[node]) / (spent_s + self.row_verify_s(verified + 1))
-            if with_it <= without:
+            if not self._verifying_pays(values[node], accepted, len(kept), depths[node]):
                 closed.add(parent)
                 continue
-            kept.append(node)
-            accepted, verified = accepted + values[node], verified + 1
-        return kept if kept or not order else order[: self._measuring(0)]
+            kept.add(node)
+            accepted += values[node]
+        return sorted(kept) if kept or not order else order[: self._measuring(0)]
 
     def _drafting_s(self, steps: int) -> float:
         """A row's expected seconds of drafting `steps` steps this round."""
@@ -572,15 +568,20 @@ class CostAwarePolicy(DraftPolicy):
         it); a node's value depends on neither, and this cut judges each node on the values of
         the nodes before it and its own. The best size over the whole draft, as greedy drafts
         are cut, would keep a token for what its continuation promises."""
-        accepted, verified = 0.0, 1
+        accepted = 0.0
         for n, (value, step) in enumerate(zip(values, steps, strict=True)):
-            spent_s = self._drafting_s(step)
-            without = (1.0 + accepted) / (spent_s + self.row_verify_s(verified))
-            with_it = (1.0 + accepted + value) / (spent_s + self.row_verify_s(verified + 1))
-            if with_it <= without:
+            if not self._verifying_pays(value, accepted, n, step):
                 return n
-            accepted, verified = accepted + value, verified + 1
+            accepted += value
         return len(values)
+
+    def _verifying_pays(self, value: float, accepted: float, kept: int, steps: int) -> bool:
+        """Whether verifying one more node of `value` raises this round's committed tokens per
+        second over the `kept` nodes verified so far, expected to give `accepted` tokens, the
+        drafting of `steps` steps spent."""
+        spent_s = self._drafting_s(steps)
+        without = (1.0 + accepted) / (spent_s + self.row_verify_s(kept + 1))
+        return (1.0 + accepted + value) / (spent_s + self.row_verify_s(kept + 2)) > without
 
     def _best(self, values: list[float], spent_s: float) -> tuple[int, float]:
         """The number n of draft nodes to verify that maximises this round's committed tokens

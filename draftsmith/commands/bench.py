@@ -189,15 +189,12 @@ class BenchCommand(TargetPlacement):
         target's stored cost curve (without a target: none yet)."""
         from draftsmith.decoding import build_policy
 
-        tree = parse_tree(self.tree or "chain")
         options = {
             "max_draft_tokens": self.draft_tokens,
-            "tree": AUTO_TREE if tree == "auto" else tree,
+            **tree_options(self.tree, self.policy),
             "acceptance": acceptance,
             **parse_options(self.policy_option),
         }
-        if self.tree == "chain" and self.policy == DEFAULT_POLICY:
-            options.setdefault("siblings", 0)
         if self.policy == "threshold" and self.min_path_confidence is not None:
             options["min_path_confidence"] = self.min_path_confidence
         if self.policy == DEFAULT_POLICY and target is not None:
@@ -222,6 +219,16 @@ def parse_options(pairs: list[str]) -> dict[str, int | float | str]:
                 continue
         else:
             options[key] = value
+    return options
+
+
+def tree_options(spec: str | None, policy: str) -> dict:
+    """The policy options a --tree value sets: `tree` (None: the policy's own draft), and for
+    chain under the default policy, whose own draft is a sibling chain, no siblings."""
+    tree = parse_tree(spec or "chain")
+    options: dict = {"tree": AUTO_TREE if tree == "auto" else tree}
+    if spec == "chain" and policy == DEFAULT_POLICY:
+        options["siblings"] = 0
     return options
 
 
