@@ -231,7 +231,7 @@ class SpeculativeDecoder:
         self, drafters: RowDrafters, active: list[_Row], max_new: int, sampling: SamplingParams
     ) -> list[Draft]:
         """Each active row's draft of the policy's shape this round, trimmed by the policy."""
-        shape = self.policy.shape(rows=len(active))
+        shape = self.policy.shape(rows=len(active), lockstep=drafters.lockstep)
         acceptance = self.policy.acceptance_fn() or raw_acceptance
         # A round emits at most draft depth + 1 tokens: draft no deeper than the budget left.
         # Each row gets its own stop rules: they follow that row's chain or tree.
@@ -246,8 +246,10 @@ class SpeculativeDecoder:
             )
             for row in active
         ]
-        drafts = drafters.propose([row.index for row in active], requests)
-        return [self.policy.trim(draft) for draft in drafts]
+        drafts = drafters.propose(
+            [row.index for row in active], requests, self.policy.round_stop_fn()
+        )
+        return self.policy.trim_round(drafts)
 
     def _verify(
         self,

@@ -27,6 +27,10 @@ TreeStopFn = Callable[[int, "TreeNodes"], bool]
 """stop(depth, nodes) -> True to end a tree's growth after its `depth` depths so far (before the
 drafter expands another): nodes are every node drafted so far."""
 
+RoundStopFn = Callable[[int], bool]
+"""stop(steps) -> True to end a lockstep round's drafting (`RowDrafters.lockstep`) after `steps`
+drafter forwards, every row's draft with it: called once the rows' own stop rules saw the step."""
+
 
 AcceptanceFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 """acceptance(signals) -> (m,): for m tree nodes about to get children, the estimated probability
@@ -324,6 +328,10 @@ class RowDrafters:
     """The drafters of a batch's rows, addressed by row index: one `Drafter` per row, each
     drafting alone. `Drafter.chain_batch` may give a subclass that drafts all rows together."""
 
+    lockstep: bool = False
+    """Whether every row drafts in the same forwards, a step for all at once (so the round's
+    drafting lasts as long as its longest row's): `propose` then honours a `RoundStopFn`."""
+
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         self.drafters = list(drafters)
 
@@ -333,8 +341,14 @@ class RowDrafters:
         """`Drafter.start` of row `row`."""
         self.drafters[row].start(prompt_ids, target_features)
 
-    def propose(self, rows: Sequence[int], requests: Sequence[DraftRequest]) -> list[Draft]:
-        """One draft per row of `rows` (the rows still decoding, in order), for its request."""
+    def propose(
+        self,
+        rows: Sequence[int],
+        requests: Sequence[DraftRequest],
+        round_stop: RoundStopFn | None = None,
+    ) -> list[Draft]:
+        """One draft per row of `rows` (the rows still decoding, in order), for its request;
+        round_stop ends every row's drafting together where the rows draft in `lockstep`."""
         return [self.drafters[r].propose_request(q) for r, q in zip(rows, requests, strict=True)]
 
     def commit(self, row: int, tokens: torch.Tensor, target_features: torch.Tensor | None) -> None:

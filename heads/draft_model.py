@@ -13,7 +13,14 @@ from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.target import TREE_ATTENTION
 from draftsmith.core.tree import additive_mask, chain_parents
-from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, register_drafter
+from draftsmith.heads.base import (
+    Draft,
+    Drafter,
+    DraftRequest,
+    RoundStopFn,
+    RowDrafters,
+    register_drafter,
+)
 from draftsmith.heads.state import DraftBuilder, OwnCache, agreeing
 from draftsmith.heads.tree import DynamicTree, SiblingChain, TreeRows
 
@@ -146,8 +153,15 @@ class BatchedDraftModel(RowDrafters):
     ) -> None:
         self.committed[row] = prompt_ids.tolist()
 
+    lockstep = True
+
     @torch.inference_mode()
-    def propose(self, rows: Sequence[int], requests: Sequence[DraftRequest]) -> list[Draft]:
+    def propose(
+        self,
+        rows: Sequence[int],
+        requests: Sequence[DraftRequest],
+        round_stop: RoundStopFn | None = None,
+    ) -> list[Draft]:
         if list(rows) != self.order:
             raise ValueError(f"drafting rows {list(rows)}, but the batch holds {self.order}")
         builders = [_grower(q) if q.shape.max_tokens else None for q in requests]
@@ -160,13 +174,17 @@ class BatchedDraftModel(RowDrafters):
             kept = min(agreeing(self.cached[row], committed), len(committed) - 1)
             self._truncate(row, kept)
             blocks.append(committed[kept:])
+        steps = 0
         with small_rows(self.cache.model):  # one block for the round's steps, as alone
             while any(blocks):
                 logits = self._run(blocks)
+                steps += 1
                 blocks = []
                 for builder, row_logits in zip(builders, logits, strict=True):
                     token = None if row_logits is None else builder.add(row_logits)
                     blocks.append([] if token is None or builder.done else [token])
+                if round_stop is not None and round_stop(steps):
+                    break
         return [Draft.empty() if b is None else b.draft() for b in builders]
 
     def _run(self, blocks: list[list[int]]) -> list[torch.Tensor | None]:

@@ -427,15 +427,19 @@ def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_s
     assert not policy.speculating
 
 
-@pytest.mark.parametrize(("max_new_tokens", "speculates"), [(2, False), (10, True)])
+@pytest.mark.parametrize(
+    ("prompts", "max_new_tokens", "speculates"),
+    [((100,), 2, False), ((100,), 10, True), ((25, 25, 25, 25), 2, True)],
+)
 def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_speculation_gains(
-    monkeypatch, caplog, max_new_tokens, speculates
+    monkeypatch, caplog, prompts, max_new_tokens, speculates
 ):
     """The drafter read the last request's 100-token prompt in 0.3 s; since then each round was
     expected to commit 1.5 tokens for 1.3 s (plain: 1 s a token), about 0.12 s gained a token
     (the plain step that timed the one-token cost gained nothing). A next request of 100 prompt
     tokens pays that reading over 10 new tokens, not over 2: that one is decoded plainly
-    throughout."""
+    throughout. Four rows of 25 prompt tokens pay it over their 2 new tokens each (8 in all),
+    whatever the rounds before had as rows."""
     tick_clock(monkeypatch, 0.0)
     policy = CostAwarePolicy(
         siblings=0, cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.5), recalibrate=False
@@ -444,7 +448,7 @@ def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_s
     for n in range(12):
         _planned_round(policy, accepted=n % 2 == 0)
     with caplog.at_level(logging.INFO, logger="draftsmith.decoding.policies.cost_aware"):
-        policy.start(size=RequestSize((100,), max_new_tokens))
+        policy.start(size=RequestSize(prompts, max_new_tokens))
     assert policy.speculating == speculates
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == (0 if speculates else 1)
@@ -746,7 +750,7 @@ class RecordingPolicy(CostAwarePolicy):
         self.requests.append(size)
         super().start(target, size)
 
-    def shape(self, rows: int = 1) -> TreeShape:
+    def shape(self, rows: int = 1, lockstep: bool = False) -> TreeShape:
         self.rounds.append([rows, None])
         return super().shape(rows)
 

@@ -11,7 +11,14 @@ from transformers import PreTrainedModel
 
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
 from draftsmith.decoding.online import OnlineAcceptance, round_outcomes
-from draftsmith.heads.base import AcceptanceFn, Draft, StopFn, TreeShape, TreeStopFn
+from draftsmith.heads.base import (
+    AcceptanceFn,
+    Draft,
+    RoundStopFn,
+    StopFn,
+    TreeShape,
+    TreeStopFn,
+)
 
 StopRule = Callable[[int, dict[str, float], float], bool]
 """rule(position, signals, acceptance) -> True to end a chain after the token just drafted:
@@ -96,9 +103,9 @@ class DraftPolicy:
         """A new request of `size` for `target` begins: a policy resets its per-request state
         here (and may measure what it needs of the target, once)."""
 
-    def shape(self, rows: int = 1) -> TreeShape:
+    def shape(self, rows: int = 1, lockstep: bool = False) -> TreeShape:
         """The draft shape of this round, which opens it, for `rows` rows decoding together (each
-        drafts its own of this shape)."""
+        drafts its own of this shape; `lockstep`: all in the same drafter forwards)."""
         return self.largest
 
     def stop_fn(self) -> StopFn | None:
@@ -110,9 +117,17 @@ class DraftPolicy:
         tree always grows to its shape's depth."""
         return None
 
+    def round_stop_fn(self) -> RoundStopFn | None:
+        """A callback that may end a lockstep round's drafting for every row at once, or None."""
+        return None
+
     def trim(self, draft: Draft) -> Draft:
         """The drafted tree as the target will verify it."""
         return draft
+
+    def trim_round(self, drafts: Sequence[Draft]) -> list[Draft]:
+        """Every row's drafted tree as the target will verify it, in row order: each `trim`med."""
+        return [self.trim(draft) for draft in drafts]
 
     def observe(self, outcome: RoundOutcome) -> None:
         """Learn from a verified round: the online acceptance model sees what the target

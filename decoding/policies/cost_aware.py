@@ -16,8 +16,9 @@ from time import perf_counter
 from transformers import PreTrainedModel
 
 from draftsmith.decoding.policies.base import UNSIZED, DraftPolicy, RequestSize, RoundOutcome
+from draftsmith.decoding.policies.lockstep import LockstepPlan
 from draftsmith.decoding.profile import CostCurve, profile_target
-from draftsmith.heads.base import Draft, StopFn, TreeNodes, TreeShape, TreeStopFn
+from draftsmith.heads.base import Draft, RoundStopFn, StopFn, TreeNodes, TreeShape, TreeStopFn
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +216,12 @@ class CostAwarePolicy(DraftPolicy):
     and between two that verify more (the next keeps a drafted token when none did), so both
     costs stay measured."""
     _draft_cost: _DraftCost = field(init=False, repr=False)
+    _lockstep_cost: _DraftCost = field(init=False, repr=False)
+    """Seconds of a lockstep round's drafting by its steps (one forward for every row a step)."""
+    _plan: LockstepPlan | None = field(default=None, init=False, repr=False)
+    """This round's plan for every row together, where the rows draft in lockstep."""
+    _lockstep_steps: int = field(default=0, init=False, repr=False)
+    """Steps this lockstep round drafted."""
     _scale: _RecentMedian = field(init=False, repr=False)
     """Seconds of verification now per second of the profiled curve, on the rounds that verified
     two tokens or more."""
@@ -295,6 +302,7 @@ class CostAwarePolicy(DraftPolicy):
         # Machine costs, and whether and how long speculation has been losing, carry over
         # between requests.
         self._draft_cost = _DraftCost(self.smoothing)
+        self._lockstep_cost = _DraftCost(self.smoothing)
         self._scale = _RecentMedian(self.timed_rounds)
         self._any_scale = _RecentMedian(self.timed_rounds)
         self._one_token = _RecentMedian(self.timed_rounds)
@@ -308,7 +316,10 @@ class CostAwarePolicy(DraftPolicy):
         if self.cost is None and target is not None:
             self.cost = _measure_cost(target, self.largest.max_tokens + 1)
             self._verify_s.clear()
-        if self.speculating and not self._reading_pays(size.prompt_tokens, size.max_new_tokens):
+        rows = len(size.prompt_lengths) or 1
+        if self.speculating and not self._reading_pays(
+            size.prompt_tokens, rows * size.max_new_tokens
+        ):
             self._fall_back(
                 at_least=size.max_new_tokens,
                 why="reading the prompt would cost more than speculation is expected to gain",
@@ -320,7 +331,7 @@ class CostAwarePolicy(DraftPolicy):
         self._prompt_tokens, self._first_round = size.prompt_tokens, True
 
     def _reading_pays(self, prompt_tokens: int, new_tokens: int) -> bool:
-        """Whether speculation is expected to gain, over `new_tokens` a row, more than the
+        """Whether speculation is expected to gain, over `new_tokens` (every row's), more than the
         drafter's reading of `prompt_tokens` costs: each at what the last rounds measured (the
         gain their plans expected a token, the reading's seconds a token). Without both
         measured (`timed_rounds` judged rounds at least), or without the request's size, it is
@@ -329,7 +340,7 @@ class CostAwarePolicy(DraftPolicy):
         if not (measured and prompt_tokens and new_tokens):
             return True
         gain_s = sum(g for g, _ in self._gains) / max(sum(n for _, n in self._gains), 1e-9)
-        return gain_s * new_tokens * self._rows > self._reading.value * prompt_tokens
+        return gain_s * new_tokens > self._reading.value * prompt_tokens
 
     def _reset_speculation(self) -> None:
         self._deficit_s = 0.0
@@ -347,9 +358,15 @@ class CostAwarePolicy(DraftPolicy):
         depth = self.max_draft_tokens
         return TreeShape(top_k=width, depth=depth, total_tokens=width * depth, expand=1)
 
-    def shape(self, rows: int = 1) -> TreeShape:
+    def shape(self, rows: int = 1, lockstep: bool = False) -> TreeShape:
         self._rows, self._drafted, self._drafted_steps = rows, 0, 0
         self._round_acceptance, self._round_depths, self._expected = [], [], []
+        self._lockstep_steps = 0
+        self._plan = None
+        if lockstep:
+            self._plan = LockstepPlan(
+                self.largest.depth, self._lockstep_drafting_s, self.round_verify_s
+            )
         if self._plain_left > 0 or self._one_token_unmeasured():
             return PLAIN
         shape = self.largest
@@ -376,9 +393,8 @@ class CostAwarePolicy(DraftPolicy):
         n depths commit at most n + 1 tokens, for n steps and at least n + 1 verified."""
         if self.cost is None:
             return True
-        fixed_s, step_s = self._row_draft_fixed_s(), self._draft_cost.per_step
         return any(
-            (1 + n) / (fixed_s + n * step_s + self.row_verify_s(n + 1)) > self.plain_rate()
+            (1 + n) / (self._drafting_s(n) + self.row_verify_s(n + 1)) > self.plain_rate()
             for n in range(1, self.largest.depth + 1)
         )
 
@@ -388,6 +404,15 @@ class CostAwarePolicy(DraftPolicy):
             return None
         accepted: list[float] = []
         self._round_acceptance.append(accepted)
+        if self._plan is not None:
+            plan, row = self._plan, self._plan.add_row()
+
+            def record(position: int, _: dict[str, float], acceptance: float) -> bool:
+                accepted.append(acceptance)
+                plan.record_chain(row, acceptance)
+                return False  # the round's stop rule stops every row together
+
+            return self.token_stop_fn(record)
         fixed_s = self._row_draft_fixed_s()
         path, expected, last_token_at = 1.0, 1.0, None
 
@@ -420,6 +445,15 @@ class CostAwarePolicy(DraftPolicy):
             return None
         grown = [1]
         self._round_depths.append(grown)
+        if self._plan is not None:
+            plan, row = self._plan, self._plan.add_row()
+
+            def record(depth: int, nodes: TreeNodes) -> bool:
+                grown[0] = depth
+                plan.record_tree(row, depth, nodes)
+                return False  # the round's stop rule stops every row together
+
+            return record
         fixed_s = self._row_draft_fixed_s()
         last_depth_at = None
 
@@ -436,6 +470,24 @@ class CostAwarePolicy(DraftPolicy):
             return True
 
         return no_deeper_tree_pays
+
+    def round_stop_fn(self) -> RoundStopFn | None:
+        """The rule ending a lockstep round's drafting for every row together (`LockstepPlan`),
+        where the rows draft in lockstep."""
+        if self.cost is None or self._plan is None:
+            return None
+        plan, last_step_at = self._plan, None
+
+        def no_deeper_round_pays(steps: int) -> bool:
+            nonlocal last_step_at
+            now_at = perf_counter()
+            if last_step_at is not None:
+                self._lockstep_cost.add_step(now_at - last_step_at)
+            last_step_at = now_at
+            self._lockstep_steps = steps
+            return not plan.deeper_pays(steps)
+
+        return no_deeper_round_pays
 
     def _a_deeper_tree_pays(self, nodes: TreeNodes, depth: int, fixed_s: float) -> bool:
         """Whether growing the tree beyond `depth` depths is expected to beat the best value of
@@ -466,6 +518,37 @@ class CostAwarePolicy(DraftPolicy):
             if self._best(grown, fixed_s + deeper * step_s)[1] > now:
                 return True
         return False
+
+    def trim_round(self, drafts: Sequence[Draft]) -> list[Draft]:
+        """Greedy drafts of a lockstep round each keep the k most valuable nodes, k the round's
+        best (`LockstepPlan.best`); otherwise each row's draft is trimmed alone (sampled ones
+        node by node, which keeps them exact)."""
+        chain = self.largest.is_chain
+        if (
+            self._plan is None
+            or self.cost is None
+            or any(d.probs is not None or (not chain and d.values is None) for d in drafts)
+        ):
+            return [self.trim(draft) for draft in drafts]
+        values = []
+        for draft in drafts:  # rows' records are in the order of the drafts
+            self._drafted += len(draft)
+            if chain:
+                accepted = self._round_acceptance.pop(0)[: len(draft)]
+                values.append(list(itertools.accumulate(accepted, operator.mul)))
+            else:
+                self._round_depths.pop(0)
+                values.append(draft.values.sort(descending=True).values.tolist())
+        size = self._measuring(self._plan.best(values, self._lockstep_steps)[0])
+        kept = []
+        for draft, row_values in zip(drafts, values, strict=True):
+            k = min(size, len(draft))
+            self._expected.append(1.0 + sum(row_values[:k]))
+            kept.append(draft.subtree(range(k)) if chain else draft.pruned(k))
+        if not chain:
+            widest = max((int(d.depths.bincount().max()) for d in kept if len(d)), default=1)
+            self._budget = min(2 * widest, self.largest.top_k)
+        return kept
 
     def trim(self, draft: Draft) -> Draft:
         self._drafted += len(draft)
@@ -555,8 +638,15 @@ class CostAwarePolicy(DraftPolicy):
         return sorted(kept) if kept or not order else order[: self._measuring(0)]
 
     def _drafting_s(self, steps: int) -> float:
-        """A row's expected seconds of drafting `steps` steps this round."""
+        """A row's expected seconds of drafting `steps` steps this round (in lockstep, its share
+        of every row drafting them)."""
+        if self._plan is not None:
+            return self._lockstep_drafting_s(steps) / self._rows
         return self._row_draft_fixed_s() + steps * self._draft_cost.per_step
+
+    def _lockstep_drafting_s(self, steps: int) -> float:
+        """Expected seconds of a lockstep round drafting `steps` steps for every row."""
+        return self._lockstep_cost.fixed + steps * self._lockstep_cost.per_step
 
     def _while_each_pays(self, values: list[float], steps: Sequence[int]) -> int:
         """How many of a sampled draft's nodes to verify, in the order given (each after its
@@ -625,7 +715,10 @@ class CostAwarePolicy(DraftPolicy):
             return
         catching_up = self._drafted > 0 and not self._drafted_before
         if self._drafted and not catching_up:
-            self._draft_cost.add(self._drafted_steps, draft_s)
+            if self._plan is not None:
+                self._lockstep_cost.add(self._lockstep_steps, draft_s)
+            else:
+                self._draft_cost.add(self._drafted_steps, draft_s)
         self._drafted_before = self._drafted > 0
         # Plain decoding gives every row a token per one-token forward of the batch.
         plain_round_s = self.round_verify_s(1, rows)
@@ -638,7 +731,9 @@ class CostAwarePolicy(DraftPolicy):
             # or probe (counted in what the probe lost), not evidence of how speculation goes.
             if first_of_request and self._prompt_tokens:
                 drafting_s = (
-                    self._draft_cost.fixed + self._drafted_steps * self._draft_cost.per_step
+                    self._lockstep_drafting_s(self._lockstep_steps)
+                    if self._plan is not None
+                    else self._draft_cost.fixed + self._drafted_steps * self._draft_cost.per_step
                 )
                 self._reading.add(max(draft_s - drafting_s, 0.0) / self._prompt_tokens)
             return
