@@ -130,11 +130,15 @@ class CostAwarePolicy(DraftPolicy):
     many nodes a depth as were kept.
 
     A batch (rows decoding together, each verifying its own draft in the round's one target
-    forward) is planned per row, as if every row drafted what this one does: a row's share of
-    the round is the batch forward's cost over the rows (`CostCurve.batch_cost`) plus its share
-    of the drafting, and a plain step gives each row one token for the batch's one-token forward.
-    So a device whose batched forward costs about what a one-row forward does keeps drafting at
-    batch B, and one whose cost grows with the tokens verified stops drafting as B grows.
+    forward, `CostCurve.batch_cost`) whose rows draft in lockstep (one drafter forward a step
+    for every row) is planned as one round (`LockstepPlan`): its drafting lasts as long as its
+    longest row's and its verification is padded to its widest row, so every row drafts until
+    no deeper round pays and greedy rows keep one common number of nodes. Rows that draft one
+    after another are planned per row, as if every row drafted what this one does: a row's
+    share of the round is the batch forward's cost over the rows plus its own drafting. Either
+    way a plain step gives each row one token for the batch's one-token forward, so a device
+    whose batched forward costs about what a one-row forward does keeps drafting at batch B, and
+    one whose cost grows with the tokens verified drafts less as B grows.
 
     The one-token cost is measured apart: a round that verifies one token (a plain step, or a
     draft cut to nothing) costs the decoder what its plain decoding would, which need not be what
