@@ -145,10 +145,15 @@ class DynamicTree:
         signals["position"] = torch.tensor([0.0 if n < 0 else self.depths[n] for n in nodes])
         parent_raw = torch.tensor([1.0 if n < 0 else self._raw_paths[n] for n in nodes])
         raw_paths = signals["path_prob"] = parent_raw * signals["top1_prob"]
-        # The node's acceptance, shared among its children in proportion to their draft probs.
-        share = self.acceptance(signals) / signals["top1_prob"].clamp_min(1e-12)
+        # The top-1 child is accepted with the node's acceptance a; a runner-up only once the
+        # top-1 is rejected, the target's token then taken to follow the rest of the draft
+        # distribution: (1 - a) q_j / (1 - q_1). Raw confidence (a = q_1) gives q_j itself.
+        accepted = self.acceptance(signals)
+        rest = (1 - signals["top1_prob"]).clamp_min(1e-12)
+        shares = (top.values[:, :width] / rest[:, None]).clamp_max(1.0) * (1 - accepted)[:, None]
+        shares[:, 0] = accepted
         parent_values = torch.tensor([1.0 if n < 0 else self.values[n] for n in nodes])
-        values = (parent_values * share)[:, None] * top.values[:, :width]  # (len(nodes), width)
+        values = parent_values[:, None] * shares  # (len(nodes), width)
         depth = signals["position"]
         if self.sampling is None:
             indices = top.indices[:, :width]
