@@ -35,8 +35,7 @@ drafter forwards, every row's draft with it: called once the rows' own stop rule
 AcceptanceFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 """acceptance(signals) -> (m,): for m tree nodes about to get children, the estimated probability
 that the target accepts the top-1 token of each node's draft distribution, given that the node's
-path was accepted: the top-1 child's; a runner-up j gets (1 - that) q_j / (1 - q_1), the draft
-distribution without its top-1 standing for where the target's token goes once the top-1 fails.
+path was accepted: the top-1 child's; a runner-up keeps its draft probability.
 signals are the distributions' `confidence_signals`, each (m,), with `position` the children's
 0-based depth and `path_prob` the product of the draft's top-1 probabilities along the node's
 path and this distribution. A draft policy supplies it (calibrated when the artifact is);

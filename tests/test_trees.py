@@ -133,10 +133,9 @@ def test_dynamic_tree_values_budget_and_closure():
     assert draft.logits.shape == (5, 4)
 
 
-def test_a_calibrated_tree_gives_runners_up_what_its_top_1_is_expected_to_leave():
+def test_a_calibrated_tree_values_its_top_1_children_calibrated_and_runners_up_raw():
     """With a calibrated acceptance a of the top-1 token, the top-1 child is worth a and a
-    runner-up j (1 - a) q_j / (1 - q_1): an overconfident head's runners-up gain what its top-1
-    loses. Raw confidence (a = q_1) values every child at its draft probability."""
+    runner-up its draft probability q_j, each times its parent's value."""
     probs = torch.tensor([0.8, 0.1, 0.06, 0.04])
 
     def expand(nodes):
@@ -146,9 +145,9 @@ def test_a_calibrated_tree_gives_runners_up_what_its_top_1_is_expected_to_leave(
     calibrated = DynamicTree(shape, lambda signals: torch.full_like(signals["top1_prob"], 0.6))
     draft = calibrated.grow(probs.log(), expand)
     depth1 = draft.children(-1)
-    assert draft.values[depth1].tolist() == pytest.approx([0.6, 0.4 * 0.5, 0.4 * 0.3])
-    under = draft.children(depth1[0])  # the same shares of its parent's value
-    assert draft.values[under].tolist() == pytest.approx([0.36, 0.6 * 0.2, 0.6 * 0.12])
+    assert draft.values[depth1].tolist() == pytest.approx([0.6, 0.1, 0.06])
+    under = draft.children(depth1[0])
+    assert draft.values[under].tolist() == pytest.approx([0.36, 0.06, 0.036])
     raw = DynamicTree(shape, raw_acceptance).grow(probs.log(), expand)
     assert raw.values[raw.children(-1)].tolist() == pytest.approx([0.8, 0.1, 0.06])
 
