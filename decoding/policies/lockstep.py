@@ -44,9 +44,7 @@ class LockstepPlan:
 
     tokens per second. Drafting goes on while some deeper round is expected to beat the best
     rate of what is drafted (each row's next steps growing as its newest did), and the round
-    keeps the k of best rate.
-
-    Shapes: values are per row lists of path probabilities, in any order."""
+    keeps the k of best rate. A row's values are its nodes' path probabilities of acceptance."""
 
     max_depth: int
     drafting_s: Callable[[int], float]
