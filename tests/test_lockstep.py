@@ -155,7 +155,7 @@ class _LockstepTable(RowDrafters):
 
     lockstep = True
 
-    def __init__(self, logits: torch.Tensor, rows: int) -> None:
+    def __init__(self, logits: torch.Tensor) -> None:
         super().__init__([])
         self.logits = logits
 
@@ -198,7 +198,7 @@ class _LockstepTableDrafter(Drafter):
         pass
 
     def chain_batch(self, rows: int) -> RowDrafters:
-        return _LockstepTable(self.logits, rows)
+        return _LockstepTable(self.logits)
 
 
 def test_rows_drafted_in_lockstep_sample_the_targets_distribution():
