@@ -140,6 +140,8 @@ class BatchedDraftModel(RowDrafters):
     then one token per step while its chain goes on.
     """
 
+    lockstep = True
+
     def __init__(self, model: PreTrainedModel, rows: int) -> None:
         self.cache = RaggedTarget(model, (), rows)
         self.order = list(range(rows))
@@ -152,8 +154,6 @@ class BatchedDraftModel(RowDrafters):
         self, row: int, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None
     ) -> None:
         self.committed[row] = prompt_ids.tolist()
-
-    lockstep = True
 
     @torch.inference_mode()
     def propose(

@@ -146,9 +146,7 @@ class DynamicTree:
         parent_raw = torch.tensor([1.0 if n < 0 else self._raw_paths[n] for n in nodes])
         raw_paths = signals["path_prob"] = parent_raw * signals["top1_prob"]
         # The top-1 child is accepted with the node's acceptance; a runner-up keeps its draft
-        # probability, what calibration fitted on top-1 tokens cannot speak for (measured on
-        # held-out code, benchmarks/README.md session 36, it is closer to what the target
-        # accepts than shares of the calibrated top-1's).
+        # probability, which a calibration fitted on top-1 tokens says nothing of.
         shares = top.values[:, :width].clone()
         shares[:, 0] = self.acceptance(signals)
         parent_values = torch.tensor([1.0 if n < 0 else self.values[n] for n in nodes])

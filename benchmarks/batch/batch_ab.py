@@ -16,25 +16,20 @@ import sys
 import time
 from importlib.resources import files
 
-from draftsmith.commands.bench import cost_curve
+from draftsmith.commands.bench import cost_curve, parse_options, tree_options
 from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import Benchmark
-from draftsmith.heads import TreeShape
 
 TARGET, DRAFTER, NEW_TOKENS = "qwen2.5-coder-1.5b", "draft-model:qwen2.5-coder-0.5b", 64
 
 
 def policy_of(spec: str, acceptance, curve):
     name, _, rest = spec.partition(":")
-    options = {}
-    for pair in filter(None, rest.split(",")):
-        key, value = pair.split("=")
-        if key == "tree":
-            options[key] = TreeShape(*map(int, value.split("x")))
-        else:
-            options[key] = float(value) if "." in value else int(value)
+    options = parse_options(rest.split(",") if rest else [])
+    if "tree" in options:
+        options = {**tree_options(str(options.pop("tree")).replace("x", ","), name), **options}
     if name == "cost-aware":
         options["cost"] = curve
     return build_policy(name, acceptance=acceptance, **options)
