@@ -19,31 +19,37 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
-from draftsmith.heads.base import Draft
+from draftsmith.heads.base import Draft, on_support
 
 _CLIP = 1e-4
 """Offline probabilities are clipped to [_CLIP, 1 - _CLIP] before the logit (|z| <= 9.2), so a
 calibrator that says 0 or 1 can still be corrected."""
 
 
-def draft_signals(draft: Draft) -> dict[str, torch.Tensor]:
-    """Confidence signals (each (k,)) of every node of a draft tree: `confidence_signals` of its
-    logits (k, V), with `position` = depth - 1 and `path_prob` = the product of `top1_prob`
-    over the node and its ancestors (for a chain, exactly `confidence_signals(draft.logits)`)."""
+def draft_signals(draft: Draft, nodes: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+    """Confidence signals (each (k,)) of every node of a draft tree, or of `nodes` (ascending,
+    each one's parent among them; for a chain, a prefix): `confidence_signals` of their logits
+    (k, V), with `position` = depth - 1 and `path_prob` = the product of `top1_prob` over the node
+    and its ancestors (for a chain, exactly `confidence_signals(draft.logits)`)."""
     if draft.logits is None:
         raise ValueError(
             "this draft has no logits (an n-gram drafter's), so it has no confidence signals "
             "to calibrate; use a drafter with a draft distribution"
         )
-    signals = confidence_signals(draft.supported_logits())
+    if nodes is None:
+        nodes = range(len(draft))
+    index = torch.as_tensor(list(nodes), dtype=torch.long)
+    logits = on_support(draft.logits[index.to(draft.logits.device)], draft.support)
+    signals = confidence_signals(logits)
     if draft.is_chain:
         return signals
-    signals["position"] = (draft.depths - 1).float().to(draft.logits.device)
+    signals["position"] = (draft.depths[index] - 1).float().to(draft.logits.device)
     path = signals["top1_prob"].clone()
+    row = {node: i for i, node in enumerate(index.tolist())}
     # Parents come before their children, so one pass in node order multiplies whole paths.
-    for node, parent in enumerate(draft.parents.tolist()):
+    for i, parent in enumerate(draft.parents[index].tolist()):
         if parent >= 0:
-            path[node] = path[parent] * path[node]
+            path[i] = path[row[parent]] * path[i]
     signals["path_prob"] = path
     return signals
 
@@ -67,21 +73,25 @@ def round_outcomes(
         signals: `draft_signals` restricted to the m observed nodes, each (m,), in node order.
         accepted (m,) float32: 1 for observed nodes on the accepted path, 0 otherwise.
     """
-    signals = draft_signals(draft)
     on_path = torch.zeros(len(draft), dtype=torch.bool)
     on_path[list(accepted_path)] = True
     parents = draft.parents.cpu()
     judged = (parents < 0) | on_path[parents.clamp_min(0)]
+    # The judged nodes hold every judged node's ancestors (the accepted path): signals of those
+    # alone, not of a wide tree's every node, are what a round's update reads.
+    nodes = torch.nonzero(judged).flatten()
     if draft.probs is None:
-        logits = draft.logits.cpu()
-        own = logits.gather(1, draft.tokens.cpu()[:, None]).squeeze(1)
+        logits = draft.logits[nodes.to(draft.logits.device)].cpu()
+        own = logits.gather(1, draft.tokens.cpu()[nodes, None]).squeeze(1)
         counted = own >= logits.max(dim=-1).values
     else:
         counted = torch.zeros(len(draft), dtype=torch.bool)
         counted[_first_children(parents.tolist())] = True
-    nodes = torch.nonzero(judged & counted).flatten()
-    observed = {name: value[nodes.to(value.device)] for name, value in signals.items()}
-    return observed, on_path[nodes].float()
+        counted = counted[nodes]
+    signals = draft_signals(draft, nodes.tolist())
+    rows = torch.nonzero(counted).flatten()
+    observed = {name: value[rows.to(value.device)] for name, value in signals.items()}
+    return observed, on_path[nodes[rows]].float()
 
 
 def _first_children(parents: list[int]) -> list[int]:

@@ -219,7 +219,7 @@ def test_rows_drafted_in_lockstep_sample_the_targets_distribution():
         )
         target = MarkovTarget(table)
         # Verifying must cost more than drafting for the policy to draft at all.
-        target.register_forward_pre_hook(lambda *_: time.sleep(0.001))
+        target.register_forward_pre_hook(lambda *_: time.sleep(0.003))
         decoder = SpeculativeDecoder(target, drafter, policy=policy)
         counts = [Counter() for _ in prompts]
         drafted, accepted = Counter(), 0

@@ -204,6 +204,21 @@ def test_round_outcomes_on_a_tree():
     torch.testing.assert_close(signals["position"], torch.tensor([0.0]))
 
 
+def test_draft_signals_of_some_nodes_are_those_of_the_whole_tree():
+    """Signals of nodes that hold their ancestors equal the whole tree's at those nodes, path
+    probabilities included (what `round_outcomes` reads of a wide tree)."""
+    draft = _tree()
+    whole = draft_signals(draft)
+    for nodes in ([0, 2, 4], [1, 5], [0, 1, 2, 3]):
+        some = draft_signals(draft, nodes)
+        for name, value in whole.items():
+            torch.testing.assert_close(some[name], value[nodes], rtol=0, atol=0)
+    chain = Draft(tokens=torch.tensor([1, 3, 1]), logits=draft.logits[[0, 2, 4]])
+    torch.testing.assert_close(
+        draft_signals(chain, [0, 1])["path_prob"], draft_signals(chain)["path_prob"][:2]
+    )
+
+
 def test_signals_need_logits():
     with pytest.raises(ValueError, match="no logits"):
         draft_signals(Draft(tokens=torch.tensor([1, 2])))
