@@ -77,21 +77,23 @@ def round_outcomes(
     on_path[list(accepted_path)] = True
     parents = draft.parents.cpu()
     judged = (parents < 0) | on_path[parents.clamp_min(0)]
-    # The judged nodes hold every judged node's ancestors (the accepted path): signals of those
-    # alone, not of a wide tree's every node, are what a round's update reads.
     nodes = torch.nonzero(judged).flatten()
     if draft.probs is None:
         logits = draft.logits[nodes.to(draft.logits.device)].cpu()
         own = logits.gather(1, draft.tokens.cpu()[nodes, None]).squeeze(1)
-        counted = own >= logits.max(dim=-1).values
+        counted = nodes[own >= logits.max(dim=-1).values].tolist()
     else:
-        counted = torch.zeros(len(draft), dtype=torch.bool)
-        counted[_first_children(parents.tolist())] = True
-        counted = counted[nodes]
-    signals = draft_signals(draft, nodes.tolist())
-    rows = torch.nonzero(counted).flatten()
+        first = torch.zeros(len(draft), dtype=torch.bool)
+        first[_first_children(parents.tolist())] = True
+        counted = torch.nonzero(judged & first).flatten().tolist()
+    # A counted node's ancestors are the accepted path: the signals of those and the counted
+    # nodes alone (not of every sibling judged, nor of a wide tree's every node) give the counted
+    # ones' path probabilities.
+    read = sorted(set(counted) | set(accepted_path))
+    signals = draft_signals(draft, read)
+    rows = torch.tensor([read.index(node) for node in counted], dtype=torch.long)
     observed = {name: value[rows.to(value.device)] for name, value in signals.items()}
-    return observed, on_path[nodes[rows]].float()
+    return observed, on_path[counted].float()
 
 
 def _first_children(parents: list[int]) -> list[int]:
