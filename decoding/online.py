@@ -37,10 +37,11 @@ def draft_signals(draft: Draft, nodes: Sequence[int] | None = None) -> dict[str,
             "to calibrate; use a drafter with a draft distribution"
         )
     if nodes is None:
-        nodes = range(len(draft))
-    index = torch.as_tensor(list(nodes), dtype=torch.long)
-    logits = on_support(draft.logits[index.to(draft.logits.device)], draft.support)
-    signals = confidence_signals(logits)
+        index, logits = torch.arange(len(draft)), draft.logits
+    else:
+        index = torch.as_tensor(list(nodes), dtype=torch.long)
+        logits = draft.logits[index.to(draft.logits.device)]
+    signals = confidence_signals(on_support(logits, draft.support))
     if draft.is_chain:
         return signals
     signals["position"] = (draft.depths[index] - 1).float().to(draft.logits.device)
@@ -91,7 +92,8 @@ def round_outcomes(
     # ones' path probabilities.
     read = sorted(set(counted) | set(accepted_path))
     signals = draft_signals(draft, read)
-    rows = torch.tensor([read.index(node) for node in counted], dtype=torch.long)
+    row_of = {node: row for row, node in enumerate(read)}
+    rows = torch.tensor([row_of[node] for node in counted], dtype=torch.long)
     observed = {name: value[rows.to(value.device)] for name, value in signals.items()}
     return observed, on_path[counted].float()
 

@@ -224,10 +224,6 @@ class Draft:
             support=self.support,
         )
 
-    def supported_logits(self) -> torch.Tensor | None:
-        """`logits` (k, V_s) on the `support` columns only (`on_support`)."""
-        return None if self.logits is None else on_support(self.logits, self.support)
-
     def children(self, node: int) -> list[int]:
         """The children of `node` (-1: of the newest committed token), in draft order."""
         return (self.parents == node).nonzero().flatten().tolist()
