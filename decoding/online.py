@@ -30,7 +30,13 @@ def draft_signals(draft: Draft, nodes: Sequence[int] | None = None) -> dict[str,
     """Confidence signals (each (k,)) of every node of a draft tree, or of `nodes` (ascending,
     each one's parent among them; for a chain, a prefix): `confidence_signals` of their logits
     (k, V), with `position` = depth - 1 and `path_prob` = the product of `top1_prob` over the node
-    and its ancestors (for a chain, exactly `confidence_signals(draft.logits)`)."""
+    and its ancestors (for a chain, exactly `confidence_signals(draft.logits)`). A draft that
+    kept the signals its drafter computed (`Draft.signals`) gives those."""
+    if draft.signals is not None:
+        if nodes is None:
+            return dict(draft.signals)
+        index = torch.as_tensor(list(nodes), dtype=torch.long)
+        return {name: value[index] for name, value in draft.signals.items()}
     if draft.logits is None:
         raise ValueError(
             "this draft has no logits (an n-gram drafter's), so it has no confidence signals "
@@ -63,7 +69,8 @@ def round_outcomes(
     A node is observed when the target judged it: its parent is the root or on the accepted path.
     Of those, what counts is what the policy asks the acceptance model of the token it drafts:
     - chosen deterministically (`Draft.probs` None): nodes whose token is the argmax of their own
-      draft distribution, P(the target accepts the top-1 token);
+      draft distribution (`Draft.top1`, where the drafter kept it), P(the target accepts the
+      top-1 token);
     - sampled: each judged node's first child in draft order, P(the token drawn from q is
       accepted). A later sibling is only tried after its elder ones were rejected, against
       what they left of p; the argmax filter would keep the sampled tokens that happened to be
@@ -79,7 +86,9 @@ def round_outcomes(
     parents = draft.parents.cpu()
     judged = (parents < 0) | on_path[parents.clamp_min(0)]
     nodes = torch.nonzero(judged).flatten()
-    if draft.probs is None:
+    if draft.probs is None and draft.top1 is not None:
+        counted = nodes[draft.top1[nodes]].tolist()
+    elif draft.probs is None:
         logits = draft.logits[nodes.to(draft.logits.device)].cpu()
         own = logits.gather(1, draft.tokens.cpu()[nodes, None]).squeeze(1)
         counted = nodes[own >= logits.max(dim=-1).values].tolist()

@@ -177,6 +177,13 @@ class Draft:
     support: torch.Tensor | None = None
     """(V_s,) int64 the target ids outside which every node's logits are -inf (a reduced draft
     vocabulary), or None (the whole vocabulary): confidence signals read these columns only."""
+    signals: dict[str, torch.Tensor] | None = None
+    """Per node, the confidence signals of its logits (`decoding.online.draft_signals`'s, each
+    (k,)), as the drafter computed them while drafting; None: computed from `logits` when asked.
+    Kept so that learning from a verified round recomputes nothing."""
+    top1: torch.Tensor | None = None
+    """(k,) bool per node: its token is its draft distribution's most probable (a greedy tree's
+    first-ranked child); None: found from `logits` when asked."""
 
     def __post_init__(self) -> None:
         if self.parents is None:
@@ -222,6 +229,10 @@ class Draft:
             parents=torch.tensor(parents, dtype=torch.long),
             values=None if self.values is None else self.values[index],
             support=self.support,
+            signals=None
+            if self.signals is None
+            else {name: value[index] for name, value in self.signals.items()},
+            top1=None if self.top1 is None else self.top1[index],
         )
 
     def children(self, node: int) -> list[int]:

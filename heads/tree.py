@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from draftsmith.core.sampling import SamplingParams, probabilities
-from draftsmith.core.signals import distribution_signals
+from draftsmith.core.signals import SIGNAL_NAMES, distribution_signals
 from draftsmith.heads.base import (
     AcceptanceFn,
     Draft,
@@ -76,6 +76,8 @@ class DynamicTree:
         self._raw_paths: list[float] = []  # product of the draft's top-1 probs along the path
         self._logits: list[torch.Tensor] = []  # (V_s,) per expanded distribution
         self._logits_row: list[int] = []  # per node, its parent's distribution in _logits
+        self._signals: list[torch.Tensor] = []  # (len(SIGNAL_NAMES),) per expanded distribution
+        self._top1: list[bool] = []  # per node, greedy: it is its parent's top-ranked child
         self._probs: list[torch.Tensor] = []  # under sampling, per node: q it was drawn from (V,)
         self._frontier: list[int] = []  # the newest depth's nodes
 
@@ -161,10 +163,14 @@ class DynamicTree:
             ]  # a value of 0: the drafter rules the token out (outside its vocabulary)
         else:
             children = self._sampled_children(self._on_target_vocab(logits), values)
+        # Kept for learning from the verified round (`Draft.signals`), on the CPU where it reads.
+        rows = torch.stack([signals[name] for name in SIGNAL_NAMES], dim=-1).cpu()
+        top1_kept = (values[:, 0] > 0.0).tolist()  # else the top-1 token was ruled out
         added = []
         for i, node in enumerate(nodes):
             self._logits.append(logits[i])
-            for token, value, drawn_from in children[i]:
+            self._signals.append(rows[i])
+            for rank, (token, value, drawn_from) in enumerate(children[i]):
                 added.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(node)
@@ -172,6 +178,7 @@ class DynamicTree:
                 self.values.append(value)
                 self._raw_paths.append(float(raw_paths[i]))
                 self._logits_row.append(len(self._logits) - 1)
+                self._top1.append(rank == 0 and top1_kept[i])
                 if drawn_from is not None:
                     self._probs.append(drawn_from)
         return added
@@ -212,11 +219,14 @@ class DynamicTree:
         kept = most_valuable(self.values, self.depths, self.shape.max_tokens)
         renumber = {node: i for i, node in enumerate(kept)}
         probs = torch.stack([self._probs[n] for n in kept]) if self._probs and kept else None
-        logits = None
+        logits = signals = top1 = None
         if kept:
-            logits = self._on_target_vocab(
-                torch.stack([self._logits[self._logits_row[n]] for n in kept])
-            )
+            rows = [self._logits_row[n] for n in kept]
+            logits = self._on_target_vocab(torch.stack([self._logits[r] for r in rows]))
+            table = torch.stack([self._signals[r] for r in rows])
+            signals = {name: table[:, j] for j, name in enumerate(SIGNAL_NAMES)}
+            if self.sampling is None:
+                top1 = torch.tensor([self._top1[n] for n in kept])
         return Draft(
             tokens=torch.tensor([self.tokens[n] for n in kept], dtype=torch.long),
             probs=probs,
@@ -226,6 +236,8 @@ class DynamicTree:
             ),
             values=torch.tensor([self.values[n] for n in kept]),
             support=self.support,
+            signals=signals,
+            top1=top1,
         )
 
     def _on_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:

@@ -239,3 +239,26 @@ def test_round_outcomes_of_a_sampled_draft_count_the_first_child_of_each_judged_
     _, accepted = round_outcomes(chain, [0])
     torch.testing.assert_close(accepted, torch.tensor([1.0, 0.0]))
     assert round_outcomes(replace(chain, probs=None), [0])[1].numel() == 0
+
+
+def test_round_outcomes_read_what_the_drafter_kept():
+    """A greedy draft that kept its signals and top-1 flags is read from those, not from its
+    logits: the same nodes count, and of two tokens tied for the top probability only the
+    first-ranked one (the token the policy asked about)."""
+    tree = _tree()
+    signals = draft_signals(tree)
+    marked = {**signals, "entropy": torch.arange(6.0)}  # tells kept signals from recomputed
+    top1 = torch.tensor([True, False, True, False, True, True])
+    kept = replace(tree, signals=marked, top1=top1)
+    for path in ([0, 2], [1, 5], []):
+        got, accepted = round_outcomes(kept, path)
+        want, want_accepted = round_outcomes(tree, path)
+        assert torch.equal(accepted, want_accepted)
+        torch.testing.assert_close(got["top1_prob"], want["top1_prob"], rtol=0, atol=0)
+        assert set(got["entropy"].tolist()) <= {0.0, 2.0, 4.0, 5.0}
+    tied = torch.tensor([0.0, 3.0, 3.0, -1.0])  # tokens 1 and 2 tie at the root
+    draft = Draft(tokens=torch.tensor([1, 2]), logits=torch.stack([tied, tied]))
+    draft = replace(draft, parents=torch.tensor([-1, -1]))
+    assert round_outcomes(draft, [1])[1].tolist() == [0.0, 1.0]
+    ranked = replace(draft, signals=draft_signals(draft), top1=torch.tensor([True, False]))
+    assert round_outcomes(ranked, [1])[1].tolist() == [0.0]

@@ -4,6 +4,7 @@ drafter kind, and the dynamic tree's construction."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -223,6 +224,32 @@ def test_a_tree_over_a_reduced_vocabulary_is_grown_on_its_support_alike():
         assert value.tolist() == pytest.approx(draft_signals(whole)[name].tolist()), name
     with pytest.raises(ValueError, match="vocab_size"):
         DynamicTree(shape, by_entropy, support=support)
+
+
+@pytest.mark.parametrize(
+    "shape", [TreeShape(top_k=3, depth=4, total_tokens=9), TreeShape(top_k=3, depth=4, expand=1)]
+)
+@pytest.mark.parametrize("support", [None, torch.tensor([7, 2, 11, 5, 13, 0])])
+def test_a_tree_keeps_the_signals_it_was_ranked_on(shape, support):
+    """A grown tree keeps each node's confidence signals and whether it is its parent's top-1
+    child (`Draft.signals`, `Draft.top1`): what its logits give, through pruning too, so the
+    online recalibration recomputes nothing."""
+    columns = support if support is not None else torch.arange(16)
+    rows = torch.Generator().manual_seed(1)
+
+    def expand(nodes):
+        return torch.randn(len(nodes), len(columns), generator=rows) * 2
+
+    tree = DynamicTree(shape, raw_acceptance, support=support, vocab_size=16)
+    draft = tree.grow(expand([-1])[0], expand)
+    for kept in (draft, draft.pruned(5)):
+        recomputed = draft_signals(replace(kept, signals=None, top1=None))
+        assert set(kept.signals) == set(recomputed)
+        for name, value in recomputed.items():
+            torch.testing.assert_close(kept.signals[name], value, msg=name)
+        own = kept.logits.gather(1, kept.tokens[:, None]).squeeze(1)
+        assert kept.top1.tolist() == (own == kept.logits.max(-1).values).tolist()
+    assert draft.top1.any() and not draft.top1.all()
 
 
 def _sampled_tree(seed: int, shape: TreeShape):
