@@ -58,8 +58,13 @@ def gather_cache_positions(cache: Cache, first: int, index: torch.Tensor) -> Non
                 "at batch size 1 instead)"
             )
         batch, heads, _, width = layer.keys.shape
+        kept = first + index.shape[-1]
         gather = index.to(layer.keys.device)[:, None, :, None].expand(batch, heads, -1, width)
-        layer.keys = torch.cat([layer.keys[..., :first, :], layer.keys.gather(2, gather)], dim=-2)
-        layer.values = torch.cat(
-            [layer.values[..., :first, :], layer.values.gather(2, gather)], dim=-2
-        )
+        # Written over the positions from `first` on, in place: a copy of the whole cache (a
+        # concatenation) would cost each round in proportion to the context. Inference mode
+        # lets a cache made under it be written from outside it too.
+        with torch.inference_mode():
+            for name in ("keys", "values"):
+                cached = getattr(layer, name)
+                cached[..., first:kept, :] = cached.gather(2, gather)
+                setattr(layer, name, cached[..., :kept, :])
