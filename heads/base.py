@@ -178,9 +178,10 @@ class Draft:
     """(V_s,) int64 the target ids outside which every node's logits are -inf (a reduced draft
     vocabulary), or None (the whole vocabulary): confidence signals read these columns only."""
     signals: dict[str, torch.Tensor] | None = None
-    """Per node, the confidence signals of its logits (`decoding.online.draft_signals`'s, each
-    (k,)), as the drafter computed them while drafting; None: computed from `logits` when asked.
-    Kept so that learning from a verified round recomputes nothing."""
+    """Per node, the confidence signals of its logits (`confidence_signals` names, each (k,);
+    `position` its depth - 1, `path_prob` the product of the top-1 probabilities along its path),
+    as the drafter computed them while drafting; None: computed from `logits` when asked. Kept so
+    that learning from a verified round recomputes nothing."""
     top1: torch.Tensor | None = None
     """(k,) bool per node: its token is its draft distribution's most probable (a greedy tree's
     first-ranked child); None: found from `logits` when asked."""

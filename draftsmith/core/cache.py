@@ -44,10 +44,12 @@ def keep_cache_rows(cache: Cache, first: int, rows: torch.Tensor) -> None:
     gather_cache_positions(cache, first, rows[None])
 
 
+@torch.inference_mode()  # writes in place a cache made under inference mode, from anywhere
 def gather_cache_positions(cache: Cache, first: int, index: torch.Tensor) -> None:
     """Keep the cached positions before `first`, then for each batch row b the positions
     index[b] (index (B, n) or (1, n) for every row, each >= first), and drop every other one, in
     place: each row of a batch keeps its own accepted path, padded to the longest."""
+    kept = first + index.shape[-1]
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
@@ -58,13 +60,10 @@ def gather_cache_positions(cache: Cache, first: int, index: torch.Tensor) -> Non
                 "at batch size 1 instead)"
             )
         batch, heads, _, width = layer.keys.shape
-        kept = first + index.shape[-1]
         gather = index.to(layer.keys.device)[:, None, :, None].expand(batch, heads, -1, width)
-        # Written over the positions from `first` on, in place: a copy of the whole cache (a
-        # concatenation) would cost each round in proportion to the context. Inference mode
-        # lets a cache made under it be written from outside it too.
-        with torch.inference_mode():
-            for name in ("keys", "values"):
-                cached = getattr(layer, name)
-                cached[..., first:kept, :] = cached.gather(2, gather)
-                setattr(layer, name, cached[..., :kept, :])
+        # The kept rows are written over the block from `first` on: concatenating them to the
+        # cached prefix would copy the whole cache each round, a cost that grows with the context.
+        for name in ("keys", "values"):
+            cached = getattr(layer, name)
+            cached[..., first:kept, :] = cached.gather(2, gather)
+            setattr(layer, name, cached[..., :kept, :])
