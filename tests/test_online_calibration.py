@@ -257,8 +257,8 @@ def test_round_outcomes_read_what_the_drafter_kept():
         torch.testing.assert_close(got["top1_prob"], want["top1_prob"], rtol=0, atol=0)
         assert set(got["entropy"].tolist()) <= {0.0, 2.0, 4.0, 5.0}
     tied = torch.tensor([0.0, 3.0, 3.0, -1.0])  # tokens 1 and 2 tie at the root
-    draft = Draft(tokens=torch.tensor([1, 2]), logits=torch.stack([tied, tied]))
-    draft = replace(draft, parents=torch.tensor([-1, -1]))
+    siblings = torch.tensor([-1, -1])
+    draft = Draft(tokens=torch.tensor([1, 2]), logits=torch.stack([tied, tied]), parents=siblings)
     assert round_outcomes(draft, [1])[1].tolist() == [0.0, 1.0]
     ranked = replace(draft, signals=draft_signals(draft), top1=torch.tensor([True, False]))
     assert round_outcomes(ranked, [1])[1].tolist() == [0.0]
