@@ -191,6 +191,11 @@ def test_predict_signals_agrees_with_predict():
     expected = platt.predict(signal_matrix(signals, platt.signals))
     np.testing.assert_allclose(from_signals.numpy(), expected, rtol=1e-6)
     assert platt.predict_signals(confidence_signals(torch.zeros(0, 30))).shape == (0,)
+    bad = {**signals, "position": torch.tensor([0.0, 1.0, float("nan"), 3.0, 4.0])}
+    with pytest.raises(ValueError, match="'position' has 1 NaN"):
+        platt.predict_signals(bad)
+    with pytest.raises(ValueError, match="different lengths"):
+        platt.predict_signals({**signals, "position": torch.arange(3.0)})
 
 
 # -- bad input -------------------------------------------------------------------------------------
