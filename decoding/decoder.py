@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from draftsmith.core.context import ContextIndex
 from draftsmith.core.parallel import shards_agree
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams
@@ -181,7 +182,10 @@ class SpeculativeDecoder:
         ]
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer: pass tokenizer= to SpeculativeDecoder")
-        rows = [_Row(i, _row_generator(seed, i), int(prompt[-1])) for i, prompt in enumerate(ids)]
+        rows = [
+            _Row(i, _row_generator(seed, i), int(prompt[-1]), ContextIndex(prompt.tolist()))
+            for i, prompt in enumerate(ids)
+        ]
         # One block of draftsmith's linear layers for the whole generation: per forward, finding
         # the layers to swap would cost each round about 0.15 ms (211 layers for SmolLM2).
         with small_rows(self.target):
@@ -243,6 +247,7 @@ class SpeculativeDecoder:
                 self.policy.stop_fn(),
                 acceptance,
                 self.policy.tree_stop_fn(),
+                row.context,
             )
             for row in active
         ]
@@ -289,6 +294,7 @@ class SpeculativeDecoder:
                 None if row_features is None else row_features[row_kept],
             )
             row.generated.extend(new_tokens)
+            row.context.extend(new_tokens)
             row.last_token = next_token
             row.end = self._end_of_generation(
                 row.generated, len(row.generated) - len(new_tokens), stop_strings
@@ -357,6 +363,8 @@ class _Row:
     index: int
     generator: torch.Generator | None
     last_token: int
+    context: ContextIndex
+    """The prompt's and the output's n-grams, for the drafts' `context_match` signal."""
     generated: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     end: int | None = None

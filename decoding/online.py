@@ -18,8 +18,12 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from draftsmith.core.context import CONTEXT_SIGNAL
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
 from draftsmith.heads.base import Draft, on_support
+
+CORRECTION_GROUPS = ("first", "later", "first, context match", "later, context match")
+"""The groups of tokens `OnlineAcceptance` corrects apart, in the order of its `corrections`."""
 
 _CLIP = 1e-4
 """Offline probabilities are clipped to [_CLIP, 1 - _CLIP] before the logit (|z| <= 9.2), so a
@@ -123,14 +127,18 @@ class OnlineAcceptance:
 
         P(accept) = sigmoid(a_g + b_g * z),   prior (a_g, b_g) ~ N((0, 1), I / prior_strength),
 
-    with one correction g for the first token a round drafts (`position` 0) and one for the
-    tokens after it (`position` >= 1, judged only when every token before it was accepted). At
-    equal confidence the two are accepted at different rates, so one correction shared by both
-    is off for each (first tokens overrated, later ones underrated, on the quickstart head's
-    decoding; benchmarks/README.md, session 32), and the first token's acceptance is what
-    decides whether drafting pays at all. Before any observation each predicts exactly the
-    offline model, and a workload where the offline fit is too confident moves a below 0 (a
-    shift) or b below 1 (a flattening).
+    with one correction g per group of tokens: the first token a round drafts (`position` 0) or
+    the tokens after it (`position` >= 1, judged only when every token before it was accepted),
+    each with or without a `context_match` (the token continues an n-gram of the committed
+    sequence; `draftsmith.core.context`). At equal confidence the groups are accepted at
+    different rates, so one correction shared by them is off for each: first tokens overrated
+    and later ones underrated on the quickstart head's decoding (benchmarks/README.md, session
+    32), and tokens that repeat the context accepted far more often than the rest at the same
+    draft confidence (session 39), which lets a plan draft deep where the text repeats itself and
+    stop early where it does not. The first token's acceptance is what decides whether drafting
+    pays at all. Before any observation each predicts exactly the offline model, and a workload
+    where the offline fit is too confident moves a below 0 (a shift) or b below 1 (a
+    flattening).
 
     Posterior, per correction: a recursive Laplace approximation, N(mean, precision^-1), of a
     penalised log-likelihood in which every observation, and the prior, fades by `forgetting`
@@ -182,8 +190,8 @@ class OnlineAcceptance:
 
     def reset(self) -> None:
         """Forget every observation: back to the prior (the offline model)."""
-        self.corrections = (_Correction(self.prior_strength), _Correction(self.prior_strength))
-        """The corrections of first tokens (position 0) and of the tokens after them."""
+        self.corrections = tuple(_Correction(self.prior_strength) for _ in CORRECTION_GROUPS)
+        """One correction per `CORRECTION_GROUPS` entry (a token's group: `_groups`)."""
 
     @property
     def n_observed(self) -> int:
@@ -199,11 +207,9 @@ class OnlineAcceptance:
         """P(the target accepts each token) (k,) float32 from its confidence signals (each (k,)),
         on the signals' device."""
         z = torch.logit(self.offline_probs(signals).float(), eps=_CLIP)
-        (a0, b0), (a1, b1) = (c.mean for c in self.corrections)
-        later = _later(signals, z.shape).to(z.device)
-        a = torch.where(later, a1, a0)
-        b = torch.where(later, b1, b0)
-        return torch.sigmoid(a + b * z).to(signals["top1_prob"].device)
+        a, b = torch.tensor([c.mean for c in self.corrections], device=z.device).unbind(-1)
+        group = _groups(signals, z.shape).to(z.device)
+        return torch.sigmoid(a[group] + b[group] * z).to(signals["top1_prob"].device)
 
     def observe(self, signals: Mapping[str, torch.Tensor], accepted: torch.Tensor) -> None:
         """Update from m verified tokens: their signals (each (m,)) and outcomes accepted (m,)
@@ -218,19 +224,23 @@ class OnlineAcceptance:
         z = [_logit(p) for p in self.offline_probs(signals).reshape(-1).tolist()]
         if len(z) != len(y):
             raise ValueError(f"{len(z)} tokens' signals but {len(y)} outcomes")
-        later = _later(signals, (len(z),)).tolist()
+        groups = _groups(signals, (len(z),)).tolist()
         for group, correction in enumerate(self.corrections):
-            mine = [i for i, is_later in enumerate(later) if is_later == bool(group)]
+            mine = [i for i, g in enumerate(groups) if g == group]
             if mine:
                 correction.update([z[i] for i in mine], [y[i] for i in mine], self.forgetting)
 
 
-def _later(signals: Mapping[str, torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
-    """(k,) bool: which tokens come after a round's first (signals without `position`: none)."""
-    position = signals.get("position")
-    if position is None:
-        return torch.zeros(shape, dtype=torch.bool)
-    return position.reshape(shape) > 0
+def _groups(signals: Mapping[str, torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+    """(k,) int64: each token's correction, 1 if it comes after a round's first (signals without
+    `position`: none do), plus 2 if it continues an n-gram of the context (signals without
+    `context_match`: none do)."""
+    group = torch.zeros(shape, dtype=torch.long)
+    for name, weight in (("position", 1), (CONTEXT_SIGNAL, 2)):
+        value = signals.get(name)
+        if value is not None:
+            group += weight * (value.reshape(shape).cpu() > 0)
+    return group
 
 
 class _Correction:

@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from draftsmith.core.context import ContextIndex
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.tree import chain_parents, check_parents, is_chain, tree_depths
 
@@ -38,7 +39,8 @@ that the target accepts the top-1 token of each node's draft distribution, given
 path was accepted: the top-1 child's; a runner-up keeps its draft probability.
 signals are the distributions' `confidence_signals`, each (m,), with `position` the children's
 0-based depth and `path_prob` the product of the draft's top-1 probabilities along the node's
-path and this distribution. A draft policy supplies it (calibrated when the artifact is);
+path and this distribution, and with the request's `context` the `context_match` of each top-1
+token (`draftsmith.core.context`). A draft policy supplies it (calibrated when the artifact is);
 drafters only rank tree nodes with it."""
 
 StatesHook = Callable[[torch.Tensor, torch.Tensor], None]
@@ -150,6 +152,9 @@ class DraftRequest:
     """Ranks a tree's nodes."""
     tree_stop: TreeStopFn | None = None
     """Ends a tree's growth early after a depth (chains ignore it)."""
+    context: ContextIndex | None = None
+    """The committed sequence's n-grams: with it, a tree gives each node the `context_match`
+    signal (chains do not)."""
 
 
 @dataclass
@@ -180,8 +185,9 @@ class Draft:
     signals: dict[str, torch.Tensor] | None = None
     """Per node, the confidence signals of its logits (`confidence_signals` names, each (k,);
     `position` its depth - 1, `path_prob` the product of the top-1 probabilities along its path),
-    as the drafter computed them while drafting; None: computed from `logits` when asked. Kept so
-    that learning from a verified round recomputes nothing."""
+    as the drafter computed them while drafting, with `context_match` where the request had a
+    `context`; None: computed from `logits` when asked. Kept so that learning from a verified
+    round recomputes nothing."""
     top1: torch.Tensor | None = None
     """(k,) bool per node: its token is its draft distribution's most probable (a greedy tree's
     first-ranked child); None: found from `logits` when asked."""

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
 from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.core.signals import SIGNAL_NAMES, distribution_signals
 from draftsmith.heads.base import (
@@ -53,6 +54,7 @@ class DynamicTree:
         generator: torch.Generator | None = None,
         support: torch.Tensor | None = None,
         vocab_size: int | None = None,
+        context: ContextIndex | None = None,
     ) -> None:
         if support is not None and vocab_size is None:
             raise ValueError("a tree over a reduced vocabulary needs the target's vocab_size")
@@ -68,6 +70,10 @@ class DynamicTree:
         drafter's are -inf elsewhere) and places them on the target's vocab_size columns only
         where a `Draft` needs them."""
         self.vocab_size = vocab_size
+        self.context = context
+        """The committed sequence's n-grams, for each node's `context_match`; or None."""
+        self._context_tail = [] if context is None else context.tail()
+        self._signal_names = SIGNAL_NAMES + (() if context is None else (CONTEXT_SIGNAL,))
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depths: list[int] = []
@@ -76,7 +82,7 @@ class DynamicTree:
         self._raw_paths: list[float] = []  # product of the draft's top-1 probs along the path
         self._logits: list[torch.Tensor] = []  # (V_s,) per expanded distribution
         self._logits_row: list[int] = []  # per node, its parent's distribution in _logits
-        self._signals: list[torch.Tensor] = []  # (len(SIGNAL_NAMES),) per expanded distribution
+        self._signals: list[torch.Tensor] = []  # (len(_signal_names),) per expanded distribution
         self._top1: list[bool] = []  # per node, greedy: it is its parent's top-ranked child
         self._probs: list[torch.Tensor] = []  # under sampling, per node: q it was drawn from (V,)
         self._frontier: list[int] = []  # the newest depth's nodes
@@ -100,6 +106,7 @@ class DynamicTree:
             request.generator,
             support,
             vocab_size,
+            request.context,
         )
 
     def grow(self, root_logits: torch.Tensor, expand: Expand) -> Draft:
@@ -147,6 +154,8 @@ class DynamicTree:
         signals["position"] = torch.tensor([0.0 if n < 0 else self.depths[n] for n in nodes])
         parent_raw = torch.tensor([1.0 if n < 0 else self._raw_paths[n] for n in nodes])
         raw_paths = signals["path_prob"] = parent_raw * signals["top1_prob"]
+        if self.context is not None:
+            signals[CONTEXT_SIGNAL] = self._context_match(nodes, top.indices[:, 0])
         # The top-1 child is accepted with the node's acceptance; a runner-up keeps its draft
         # probability, which a calibration fitted on top-1 tokens says nothing of.
         shares = top.values[:, :width].clone()
@@ -164,7 +173,7 @@ class DynamicTree:
         else:
             children = self._sampled_children(self._on_target_vocab(logits), values)
         # Kept for learning from the verified round (`Draft.signals`), on the CPU where it reads.
-        rows = torch.stack([signals[name] for name in SIGNAL_NAMES], dim=-1).cpu()
+        rows = torch.stack([signals[name] for name in self._signal_names], dim=-1).cpu()
         top1_kept = (values[:, 0] > 0.0).tolist()  # else the top-1 token was ruled out
         added = []
         for i, node in enumerate(nodes):
@@ -182,6 +191,20 @@ class DynamicTree:
                 if drawn_from is not None:
                     self._probs.append(drawn_from)
         return added
+
+    def _context_match(self, nodes: list[int], top1: torch.Tensor) -> torch.Tensor:
+        """(len(nodes),) 1.0 where the top-1 token of a node's distribution, top1 (len(nodes),)
+        over the drafter's columns, continues the n tokens before it (committed ones, then the
+        node's path) as somewhere earlier in the committed sequence."""
+        ids = top1 if self.support is None else self.support[top1]
+        matched = []
+        for node, token in zip(nodes, ids.tolist(), strict=True):
+            path = []  # the node and its ancestors, newest first, as many as the match reads
+            while node >= 0 and len(path) < self.context.n:
+                path.append(self.tokens[node])
+                node = self.parents[node]
+            matched.append(float(self.context.matches(self._context_tail + path[::-1], token)))
+        return torch.tensor(matched)
 
     def _sampled_children(
         self, logits: torch.Tensor, values: torch.Tensor
@@ -224,7 +247,7 @@ class DynamicTree:
             rows = [self._logits_row[n] for n in kept]
             logits = self._on_target_vocab(torch.stack([self._logits[r] for r in rows]))
             table = torch.stack([self._signals[r] for r in rows])
-            signals = {name: table[:, j] for j, name in enumerate(SIGNAL_NAMES)}
+            signals = {name: table[:, j] for j, name in enumerate(self._signal_names)}
             if self.sampling is None:
                 top1 = torch.tensor([self._top1[n] for n in kept])
         return Draft(

@@ -45,7 +45,7 @@ from draftsmith.core.models import load_model
 from draftsmith.core.signals import AcceptanceModel
 from draftsmith.decoding import FixedPolicy, RoundRecord, SpeculativeDecoder
 from draftsmith.decoding.benchmark import load_prompts
-from draftsmith.decoding.online import OnlineAcceptance, round_outcomes
+from draftsmith.decoding.online import CORRECTION_GROUPS, OnlineAcceptance, round_outcomes
 
 Round = tuple[dict[str, torch.Tensor], torch.Tensor]
 """One round's observed tokens: their signals (each (m,)) and outcomes (m,)."""
@@ -193,7 +193,7 @@ def summarise(
         "online_ms_per_round": 1e3 * online_s,
         "online_params": {
             group: {"a": c.mean[0], "b": c.mean[1], "observed": c.n_observed}
-            for group, c in zip(("first", "later"), online.corrections, strict=True)
+            for group, c in zip(CORRECTION_GROUPS, online.corrections, strict=True)
         },
         "ece_noise_floor_after_burn_in": noise_floor(predictions["online"][after]),
         **{name: scores(conf, outcomes, after, first) for name, conf in predictions.items()},

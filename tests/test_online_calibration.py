@@ -32,11 +32,22 @@ def _stream(shift: float, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return top1, (rng.random(n) < _sigmoid(_logit(top1) + shift)).astype(np.float64)
 
 
-def _run(model: OnlineAcceptance, top1: np.ndarray, outcomes: np.ndarray, round_size: int = 5):
-    """Stream in rounds; returns the predictions (n,) each made before its round was observed."""
+def _run(
+    model: OnlineAcceptance,
+    top1: np.ndarray,
+    outcomes: np.ndarray,
+    round_size: int = 5,
+    **others: np.ndarray,
+):
+    """Stream in rounds (signals: top1 and others, each (n,)); returns the predictions (n,)
+    each made before its round was observed."""
     predictions = []
     for start in range(0, top1.size, round_size):
-        signals = {"top1_prob": torch.tensor(top1[start : start + round_size], dtype=torch.float32)}
+        part = slice(start, start + round_size)
+        signals = {
+            name: torch.tensor(value[part], dtype=torch.float32)
+            for name, value in {"top1_prob": top1, **others}.items()
+        }
         predictions.append(model.predict_signals(signals).numpy())
         model.observe(signals, torch.tensor(outcomes[start : start + round_size]))
     return np.concatenate(predictions)
@@ -114,22 +125,33 @@ def test_first_tokens_and_later_ones_are_corrected_apart():
     truth = _sigmoid(_logit(top1) + np.where(position == 0, -1.0, 1.0))
     outcomes = (rng.random(n) < truth).astype(np.float64)
     model = OnlineAcceptance()
-    predicted = []
-    for start in range(0, n, 5):
-        part = slice(start, start + 5)
-        signals = {
-            "top1_prob": torch.tensor(top1[part], dtype=torch.float32),
-            "position": torch.tensor(position[part]),
-        }
-        predicted.append(model.predict_signals(signals).numpy())
-        model.observe(signals, torch.tensor(outcomes[part]))
-    predicted = np.concatenate(predicted)
+    predicted = _run(model, top1, outcomes, position=position)
     after = slice(500, None)
     assert np.abs(predicted[after] - truth[after]).mean() < 0.05
-    (a_first, _), (a_later, _) = (c.mean for c in model.corrections)
+    (a_first, _), (a_later, _) = (c.mean for c in model.corrections[:2])
     assert a_first < -0.5 and a_later > 0.5
     shared = _run(OnlineAcceptance(), top1, outcomes)  # no position: one correction
     assert np.abs(shared[after] - truth[after]).mean() > 0.1
+
+
+def test_tokens_that_continue_the_context_are_corrected_apart():
+    """Tokens that repeat an n-gram of the context (`context_match`) are accepted more often
+    than their confidence says and the others less often: a correction each follows both."""
+    rng = np.random.default_rng(8)
+    n = 3000
+    top1 = rng.uniform(0.05, 0.95, n)
+    position = rng.integers(0, 3, n).astype(np.float32)
+    match = (rng.random(n) < 0.5).astype(np.float32)
+    truth = _sigmoid(_logit(top1) + np.where(match > 0, 2.0, -0.5))
+    outcomes = (rng.random(n) < truth).astype(np.float64)
+    model = OnlineAcceptance()
+    predicted = _run(model, top1, outcomes, position=position, context_match=match)
+    after = slice(500, None)
+    assert np.abs(predicted[after] - truth[after]).mean() < 0.05
+    a = [c.mean[0] for c in model.corrections]
+    assert max(a[:2]) < -0.2 and min(a[2:]) > 1.0  # (first, later) without, then with, a match
+    blind = _run(OnlineAcceptance(), top1, outcomes, position=position)
+    assert np.abs(blind[after] - truth[after]).mean() > 0.1
 
 
 class _ShiftedModel:

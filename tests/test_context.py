@@ -1,0 +1,115 @@
+"""The committed sequence's n-grams (`ContextIndex`) and the `context_match` signal drafts carry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import perturbed_copy
+
+from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
+from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
+from draftsmith.heads.base import raw_acceptance
+from draftsmith.heads.tree import DynamicTree
+
+
+def _grams(sequence: list[int], n: int) -> set[tuple[int, ...]]:
+    return {tuple(sequence[i : i + n + 1]) for i in range(len(sequence) - n)}
+
+
+def _brute_match(sequence: list[int], before: list[int], token: int, n: int = 3) -> bool:
+    return len(before) >= n and (*before[-n:], token) in _grams(sequence, n)
+
+
+def _expected_match(committed: list[int], draft: Draft, node: int) -> bool:
+    """Whether the top-1 token of node's distribution continues an n-gram of committed, after
+    committed and the node's ancestors."""
+    before, ancestor = [], int(draft.parents[node])
+    while ancestor >= 0:
+        before.insert(0, int(draft.tokens[ancestor]))
+        ancestor = int(draft.parents[ancestor])
+    return _brute_match(committed, committed + before, int(draft.logits[node].argmax()))
+
+
+def test_a_context_index_knows_which_tokens_continue_an_earlier_ngram():
+    index = ContextIndex([1, 2, 3, 4, 9, 1, 2], n=2)
+    assert index.tail() == [1, 2]
+    assert index.matches([1, 2], 3)  # "1 2 3" occurred
+    assert not index.matches([1, 2], 9)
+    assert index.matches([7, 7, 4, 9], 1)  # only the last n tokens before count
+    assert not index.matches([2], 3)  # fewer than n tokens before
+    index.extend([9])  # "1 2 9" is committed now
+    assert index.matches([1, 2], 9) and index.tail() == [2, 9]
+
+
+def test_a_context_index_grown_token_by_token_equals_one_built_at_once():
+    sequence = torch.randint(0, 5, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    grown = ContextIndex(sequence[:7])
+    for start in range(7, 200, 13):
+        grown.extend(sequence[start : start + 13])
+    whole = ContextIndex(sequence)
+    assert grown.tail() == whole.tail() == sequence[-3:]
+    for before in (sequence[i : i + 3] for i in range(0, 190, 7)):
+        for token in range(5):
+            expected = _brute_match(sequence, before, token)
+            assert grown.matches(before, token) == whole.matches(before, token) == expected
+
+
+def test_a_context_index_needs_at_least_one_token_before():
+    with pytest.raises(ValueError, match="n >= 1"):
+        ContextIndex(n=0)
+
+
+@pytest.mark.parametrize(
+    "shape", [TreeShape(top_k=3, depth=4, total_tokens=9), TreeShape(top_k=3, depth=4, expand=1)]
+)
+@pytest.mark.parametrize("support", [None, torch.tensor([7, 2, 11, 5, 13, 0])])
+def test_each_tree_node_says_whether_its_top1_token_continues_the_context(shape, support):
+    """A node's `context_match`: its parent distribution's top-1 token after the three tokens
+    before it (committed, then the node's drafted ancestors) occurred in the committed sequence."""
+    columns = support if support is not None else torch.arange(6)
+    generator = torch.Generator().manual_seed(3)
+    # A short alphabet, so that about one 4-gram in five occurred before.
+    committed = columns[torch.randint(0, len(columns), (300,), generator=generator)].tolist()
+    seen = set()
+    for seed in range(6):
+        rows = torch.Generator().manual_seed(seed)
+
+        def expand(nodes, rows=rows):
+            return torch.randn(len(nodes), len(columns), generator=rows) * 2
+
+        tree = DynamicTree(
+            shape, raw_acceptance, support=support, vocab_size=16, context=ContextIndex(committed)
+        )
+        draft = tree.grow(expand([-1])[0], expand)
+        for kept in (draft, draft.pruned(5)):
+            for node in range(len(kept)):
+                expected = _expected_match(committed, kept, node)
+                assert kept.signals[CONTEXT_SIGNAL][node] == float(expected)
+                seen.add(expected)
+    assert seen == {True, False}
+
+
+def test_the_decoder_drafts_trees_with_the_context_it_committed(llama):
+    """Every round's tree carries `context_match` against the prompt and the output so far, and
+    the output stays the target's."""
+    prompt = [4, 8, 15, 16, 23, 4, 8, 15, 16, 23, 4, 8]
+    committed = list(prompt)
+    checked = []
+
+    def on_round(record):
+        draft = record.draft
+        for node in range(len(draft)):
+            expected = _expected_match(committed, draft, node)
+            checked.append(draft.signals[CONTEXT_SIGNAL][node] == float(expected))
+        path = record.accepted_path
+        row = 1 + path[-1] if path else 0
+        committed.extend([*draft.tokens[path].tolist(), int(record.target_logits[row].argmax())])
+
+    policy = FixedPolicy(tree=TreeShape(top_k=3, depth=4, total_tokens=10, expand=1))
+    drafter = DraftModelDrafter(perturbed_copy(llama, scale=0.3))
+    result = SpeculativeDecoder(llama, drafter, policy=policy).generate(
+        torch.tensor(prompt), max_new_tokens=32, on_round=on_round
+    )
+    assert checked and all(checked)
+    assert committed[len(prompt) :][:32] == result.tokens
