@@ -36,11 +36,13 @@ from datasets import Dataset
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
+from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
 from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL, SIGNAL_NAMES, confidence_signals
 from draftsmith.core.target import Target, TargetBatch
 from draftsmith.decoding import RoundRecord, SpeculativeDecoder
 from draftsmith.heads.acceptance import AcceptanceHead, chain_labels, chain_outcomes, chain_signals
+from draftsmith.heads.base import Draft
 from draftsmith.heads.learned_acceptance import LearnedAcceptance
 from draftsmith.heads.trainable import DraftHead
 
@@ -80,6 +82,7 @@ class DraftRecorder:
         ratio = p.gather(1, tokens)[:, 0] / q.gather(1, tokens)[:, 0].clamp_min(1e-12)
         for name in SIGNAL_NAMES:
             self.rows[name].extend(signals[name].tolist())
+        self.rows[CONTEXT_SIGNAL].extend(_draft_context_match(draft, n))
         if self.acceptance is not None:  # the head reads the signals at temperature 1
             head = self.acceptance.head_probability(confidence_signals(draft.logits[:n]))
             self.rows.setdefault(ACCEPTANCE_HEAD_SIGNAL, []).extend(head.tolist())
@@ -125,6 +128,7 @@ class DraftRecorder:
         accept_prob = torch.minimum(p[label], q).sum(-1).clamp(max=1.0)
         for name in SIGNAL_NAMES:
             self.rows[name].extend(signals[name][keep].tolist())
+        self.rows[CONTEXT_SIGNAL].extend(_chain_context_match(ids, drafted, keep))
         if head_probs is not None:
             self.rows.setdefault(ACCEPTANCE_HEAD_SIGNAL, []).extend(head_probs[keep].tolist())
         self.rows["accepted"].extend(accepted[keep].float().tolist())
@@ -140,7 +144,37 @@ class DraftRecorder:
         return Dataset.from_dict(self.rows)
 
 
-_COLUMNS = (*SIGNAL_NAMES, *OUTCOME_COLUMNS, "source")
+_COLUMNS = (*SIGNAL_NAMES, CONTEXT_SIGNAL, *OUTCOME_COLUMNS, "source")
+
+
+def _draft_context_match(draft: Draft, n: int) -> list[float]:
+    """The `context_match` of a decoded chain's first n tokens, as its drafter gave it (0.0 for
+    a drafter that gives none: no repeat known)."""
+    if draft.signals is None or CONTEXT_SIGNAL not in draft.signals:
+        return [0.0] * n
+    return draft.signals[CONTEXT_SIGNAL][:n].tolist()
+
+
+def _chain_context_match(
+    ids: torch.Tensor, drafted: torch.Tensor, keep: torch.Tensor
+) -> list[float]:
+    """The `context_match` of the kept chain steps (in `keep`'s row-major order), as a drafter
+    decoding the text would give it: step k after position t repeats the context when the n
+    tokens before its token (the text up to t + k: a kept chain drafted the text's own tokens)
+    followed by it occur in the text up to t, the committed sequence.
+
+    ids (T,), drafted and keep (T, K): the text, each step's token and the steps recorded."""
+    index = ContextIndex()
+    text = ids.tolist()
+    tokens = drafted.tolist()
+    matched = []
+    for t, steps in enumerate(keep.tolist()):
+        index.extend(text[t : t + 1])
+        for k, kept in enumerate(steps):
+            if kept:
+                before = text[max(t + k + 1 - index.n, 0) : t + k + 1]
+                matched.append(float(index.matches(before, tokens[t][k])))
+    return matched
 
 
 @torch.inference_mode()

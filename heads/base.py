@@ -20,9 +20,11 @@ from draftsmith.core.context import ContextIndex
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.tree import chain_parents, check_parents, is_chain, tree_depths
 
-StopFn = Callable[[int, torch.Tensor], bool]
-"""stop(position, draft_logits (V_s,)) -> True to end a chain draft after the token just proposed;
-the logits are those of the draft's `support` (the target's whole vocabulary without one)."""
+StopFn = Callable[[int, torch.Tensor, bool], bool]
+"""stop(position, draft_logits (V_s,), context_match) -> True to end a chain draft after the token
+just proposed; the logits are those of the draft's `support` (the target's whole vocabulary
+without one), and context_match whether their top-1 token repeats the context
+(`draftsmith.core.context`)."""
 
 TreeStopFn = Callable[[int, "TreeNodes"], bool]
 """stop(depth, nodes) -> True to end a tree's growth after its `depth` depths so far (before the
@@ -39,8 +41,8 @@ that the target accepts the top-1 token of each node's draft distribution, given
 path was accepted: the top-1 child's; a runner-up keeps its draft probability.
 signals are the distributions' `confidence_signals`, each (m,), with `position` the children's
 0-based depth and `path_prob` the product of the draft's top-1 probabilities along the node's
-path and this distribution, and with the request's `context` the `context_match` of each top-1
-token (`draftsmith.core.context`). A draft policy supplies it (calibrated when the artifact is);
+path and this distribution, and `context_match` whether each top-1 token repeats the request's
+`context` (`draftsmith.core.context`). A draft policy supplies it (calibrated when the artifact is);
 drafters only rank tree nodes with it."""
 
 StatesHook = Callable[[torch.Tensor, torch.Tensor], None]
@@ -153,8 +155,8 @@ class DraftRequest:
     tree_stop: TreeStopFn | None = None
     """Ends a tree's growth early after a depth (chains ignore it)."""
     context: ContextIndex | None = None
-    """The committed sequence's n-grams: with it, a tree gives each node the `context_match`
-    signal (chains do not)."""
+    """The committed sequence's n-grams, from which a draft gives each token its `context_match`
+    signal; None: none known, no token repeats the context."""
 
 
 @dataclass
@@ -185,9 +187,9 @@ class Draft:
     signals: dict[str, torch.Tensor] | None = None
     """Per node, the confidence signals of its logits (`confidence_signals` names, each (k,);
     `position` its depth - 1, `path_prob` the product of the top-1 probabilities along its path),
-    as the drafter computed them while drafting, with `context_match` where the request had a
-    `context`; None: computed from `logits` when asked. Kept so that learning from a verified
-    round recomputes nothing."""
+    as the drafter computed them while drafting, with `context_match` (whether its top-1 token
+    repeats the request's `context`); None: computed from `logits` when asked (without
+    `context_match`). Kept so that learning from a verified round recomputes nothing."""
     top1: torch.Tensor | None = None
     """(k,) bool per node: its token is its draft distribution's most probable (a greedy tree's
     first-ranked child); None: found from `logits` when asked."""

@@ -9,7 +9,9 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.core.cache import crop_cache, keep_cache_rows
+from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
 from draftsmith.core.sampling import greedy_tokens, probabilities, sample
+from draftsmith.core.signals import confidence_signals
 from draftsmith.heads.base import Draft, DraftRequest, on_support
 
 
@@ -161,9 +163,12 @@ class DraftBuilder:
         self.sampling = request.sampling
         self.generator = request.generator
         self.stop = request.stop
+        self.context = ContextIndex() if request.context is None else request.context
+        self._context_tail = self.context.tail()
         self.tokens: list[int] = []
         self._logits: list[torch.Tensor] = []
         self._probs: list[torch.Tensor] = []
+        self._context_match: list[float] = []
         self._stopped = False
 
     @property
@@ -174,17 +179,20 @@ class DraftBuilder:
     def add(self, logits: torch.Tensor) -> int:
         """Choose the next token from its raw logits (V,) over the target vocabulary."""
         logits = logits.float()
+        top1 = int(greedy_tokens(logits))
         if self.sampling.greedy:
-            token = int(greedy_tokens(logits))
+            token = top1
         else:
             probs = probabilities(logits, self.sampling)
             token = sample(probs, self.generator)
             self._probs.append(probs)
+        before = self._context_tail + self.tokens
+        self._context_match.append(float(self.context.matches(before, top1)))
         self.tokens.append(token)
         self._logits.append(logits)
         # The stop rule reads the support's columns: the same signals, for less work.
         if self.stop is not None and self.stop(
-            len(self.tokens) - 1, on_support(logits, self.support)
+            len(self.tokens) - 1, on_support(logits, self.support), bool(self._context_match[-1])
         ):
             self._stopped = True
         return token
@@ -192,11 +200,15 @@ class DraftBuilder:
     def draft(self) -> Draft:
         if not self.tokens:
             return Draft.empty()
+        logits = torch.stack(self._logits)
+        signals = confidence_signals(on_support(logits, self.support))
+        signals[CONTEXT_SIGNAL] = torch.tensor(self._context_match, device=logits.device)
         return Draft(
             tokens=torch.tensor(self.tokens, dtype=torch.long),
             probs=torch.stack(self._probs) if self._probs else None,
-            logits=torch.stack(self._logits),
+            logits=logits,
             support=self.support,
+            signals=signals,
         )
 
 

@@ -41,6 +41,9 @@ Expand = Callable[[list[int]], torch.Tensor]
 """expand(nodes) -> logits (len(nodes), V) of the drafter's prediction after each node (run on the
 node's token with its ancestors as context); (len(nodes), V_s) over a tree's `support`."""
 
+_NODE_SIGNALS = (*SIGNAL_NAMES, CONTEXT_SIGNAL)
+"""The signals a tree keeps of each node (`Draft.signals`)."""
+
 
 class DynamicTree:
     """The nodes drafted so far in one round, with their values; see the module docstring."""
@@ -70,10 +73,10 @@ class DynamicTree:
         drafter's are -inf elsewhere) and places them on the target's vocab_size columns only
         where a `Draft` needs them."""
         self.vocab_size = vocab_size
-        self.context = context
-        """The committed sequence's n-grams, for each node's `context_match`; or None."""
-        self._context_tail = [] if context is None else context.tail()
-        self._signal_names = SIGNAL_NAMES + (() if context is None else (CONTEXT_SIGNAL,))
+        self.context = ContextIndex() if context is None else context
+        """The committed sequence's n-grams, for each node's `context_match` (none known: no
+        node repeats the context)."""
+        self._context_tail = self.context.tail()
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.depths: list[int] = []
@@ -82,7 +85,7 @@ class DynamicTree:
         self._raw_paths: list[float] = []  # product of the draft's top-1 probs along the path
         self._logits: list[torch.Tensor] = []  # (V_s,) per expanded distribution
         self._logits_row: list[int] = []  # per node, its parent's distribution in _logits
-        self._signals: list[torch.Tensor] = []  # (len(_signal_names),) per expanded distribution
+        self._signals: list[torch.Tensor] = []  # (len(_NODE_SIGNALS),) per expanded distribution
         self._top1: list[bool] = []  # per node, greedy: it is its parent's top-ranked child
         self._probs: list[torch.Tensor] = []  # under sampling, per node: q it was drawn from (V,)
         self._frontier: list[int] = []  # the newest depth's nodes
@@ -154,8 +157,7 @@ class DynamicTree:
         signals["position"] = torch.tensor([0.0 if n < 0 else self.depths[n] for n in nodes])
         parent_raw = torch.tensor([1.0 if n < 0 else self._raw_paths[n] for n in nodes])
         raw_paths = signals["path_prob"] = parent_raw * signals["top1_prob"]
-        if self.context is not None:
-            signals[CONTEXT_SIGNAL] = self._context_match(nodes, top.indices[:, 0])
+        signals[CONTEXT_SIGNAL] = self._context_match(nodes, top.indices[:, 0])
         # The top-1 child is accepted with the node's acceptance; a runner-up keeps its draft
         # probability, which a calibration fitted on top-1 tokens says nothing of.
         shares = top.values[:, :width].clone()
@@ -173,7 +175,7 @@ class DynamicTree:
         else:
             children = self._sampled_children(self._on_target_vocab(logits), values)
         # Kept for learning from the verified round (`Draft.signals`), on the CPU where it reads.
-        rows = torch.stack([signals[name] for name in self._signal_names], dim=-1).cpu()
+        rows = torch.stack([signals[name] for name in _NODE_SIGNALS], dim=-1).cpu()
         top1_kept = (values[:, 0] > 0.0).tolist()  # else the top-1 token was ruled out
         added = []
         for i, node in enumerate(nodes):
@@ -247,7 +249,7 @@ class DynamicTree:
             rows = [self._logits_row[n] for n in kept]
             logits = self._on_target_vocab(torch.stack([self._logits[r] for r in rows]))
             table = torch.stack([self._signals[r] for r in rows])
-            signals = {name: table[:, j] for j, name in enumerate(self._signal_names)}
+            signals = {name: table[:, j] for j, name in enumerate(_NODE_SIGNALS)}
             if self.sampling is None:
                 top1 = torch.tensor([self._top1[n] for n in kept])
         return Draft(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import greedy_reference, perturbed_copy
+from conftest import greedy_reference, perturbed_copy, tiny_model
 from head_helpers import build_head, fit
 
 from draftsmith.calibration.collect import collect_from_decoding, collect_teacher_forced
+from draftsmith.core.context import CONTEXT_SIGNAL
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
 
@@ -49,25 +50,35 @@ def test_drafter_without_confidence_is_a_clear_error(llama):
         collect_from_decoding(decoder, PROMPTS, max_new_tokens=8)
 
 
-@pytest.mark.parametrize("name", ["eagle3-reduced", "medusa", "mtp-reduced"])
-def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, name):
+@pytest.mark.parametrize(
+    "name, vocab_size",
+    [("eagle3-reduced", 256), ("medusa", 256), ("mtp-reduced", 256), ("eagle3", 6)],
+)
+def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, name, vocab_size):
     """On the target's own greedy text a teacher-forced pass sees every context decoding sees,
     so each record of a real decoding run is among its records (same draft position, same
-    confidence, same outcome); it also scores chains starting at every other position."""
+    confidence, same outcome, same context match); it also scores chains starting at every other
+    position. A target of 6 tokens repeats itself, so some drafted tokens repeat the context."""
     torch.manual_seed(0)
-    head = fit(build_head(name, llama), llama, steps=30)
-    prompt, new = [5, 6, 7], 24
-    text = prompt + greedy_reference(llama, torch.tensor(prompt), new)
+    target = llama if vocab_size == 256 else tiny_model(vocab_size=vocab_size)
+    head = build_head(name, target)
+    if target is llama:  # untrained, a 6-token head drafts well enough (and the training
+        head = fit(head, target, steps=30)  # prompts lie outside its vocabulary)
+    # No token 0 in a prompt: `greedy_reference` would mask it as padding.
+    prompt, new = [1, 2, 3, 4, 5, 3, 1] if vocab_size < 8 else [5, 6, 7], 24
+    text = prompt + greedy_reference(target, torch.tensor(prompt), new)
     decoder = SpeculativeDecoder(
-        llama, head.as_drafter(llama), policy=FixedPolicy(max_draft_tokens=head.num_steps)
+        target, head.as_drafter(target), policy=FixedPolicy(max_draft_tokens=head.num_steps)
     )
     decoded = collect_from_decoding(decoder, [prompt], max_new_tokens=new)
     loss_mask = torch.tensor([0] * len(prompt) + [1] * new)
-    forced = collect_teacher_forced(head, llama, [(torch.tensor(text), loss_mask)])
+    forced = collect_teacher_forced(head, target, [(torch.tensor(text), loss_mask)])
 
     assert 0 < sum(decoded["accepted"]) < len(decoded)  # some accepted, some rejected
     assert len(forced) > len(decoded)
-    keys = ("position", "top1_prob", "entropy", "accepted")
+    if vocab_size < 8:
+        assert 0 < sum(decoded[CONTEXT_SIGNAL]) < len(decoded)
+    keys = ("position", "top1_prob", "entropy", "accepted", CONTEXT_SIGNAL)
     pool = [tuple(forced[k][i] for k in keys) for i in range(len(forced))]
     for i in range(len(decoded)):
         record = tuple(decoded[k][i] for k in keys)
@@ -77,6 +88,7 @@ def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, na
                 for other in pool
                 if other[0] == record[0]
                 and other[3] == record[3]
+                and other[4] == record[4]
                 and abs(other[1] - record[1]) < 1e-4
                 and abs(other[2] - record[2]) < 1e-3
             ),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import perturbed_copy
+from conftest import perturbed_copy, tiny_model
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
-from draftsmith.heads.base import raw_acceptance
+from draftsmith.heads.base import DraftRequest, raw_acceptance
 from draftsmith.heads.tree import DynamicTree
 
 
@@ -90,10 +91,19 @@ def test_each_tree_node_says_whether_its_top1_token_continues_the_context(shape,
     assert seen == {True, False}
 
 
-def test_the_decoder_drafts_trees_with_the_context_it_committed(llama):
-    """Every round's tree carries `context_match` against the prompt and the output so far, and
-    the output stays the target's."""
-    prompt = [4, 8, 15, 16, 23, 4, 8, 15, 16, 23, 4, 8]
+@pytest.mark.parametrize(
+    "policy",
+    [
+        FixedPolicy(tree=TreeShape(top_k=3, depth=4, total_tokens=10, expand=1)),
+        FixedPolicy(max_draft_tokens=4),
+    ],
+    ids=["tree", "chain"],
+)
+def test_the_decoder_drafts_with_the_context_it_committed(policy):
+    """Every round's draft, tree or chain, carries `context_match` against the prompt and the
+    output so far, and the output stays the target's."""
+    target = tiny_model(vocab_size=6)  # a small vocabulary, so that the output repeats itself
+    prompt = [1, 2, 3, 4, 5, 0, 1]
     committed = list(prompt)
     checked = []
 
@@ -101,15 +111,37 @@ def test_the_decoder_drafts_trees_with_the_context_it_committed(llama):
         draft = record.draft
         for node in range(len(draft)):
             expected = _expected_match(committed, draft, node)
-            checked.append(draft.signals[CONTEXT_SIGNAL][node] == float(expected))
+            checked.append((draft.signals[CONTEXT_SIGNAL][node] == float(expected), expected))
         path = record.accepted_path
         row = 1 + path[-1] if path else 0
         committed.extend([*draft.tokens[path].tolist(), int(record.target_logits[row].argmax())])
 
-    policy = FixedPolicy(tree=TreeShape(top_k=3, depth=4, total_tokens=10, expand=1))
-    drafter = DraftModelDrafter(perturbed_copy(llama, scale=0.3))
-    result = SpeculativeDecoder(llama, drafter, policy=policy).generate(
+    drafter = DraftModelDrafter(perturbed_copy(target, scale=0.3))
+    result = SpeculativeDecoder(target, drafter, policy=policy).generate(
         torch.tensor(prompt), max_new_tokens=32, on_round=on_round
     )
-    assert checked and all(checked)
+    assert checked and all(right for right, _ in checked)
+    assert {expected for _, expected in checked} == {True, False}
     assert committed[len(prompt) :][:32] == result.tokens
+
+
+def test_a_chain_stop_rule_reads_the_context_match_its_draft_keeps():
+    """A chain's stop rule is told whether the token just drafted repeats the context, the same
+    `context_match` the finished draft keeps."""
+    target = tiny_model(vocab_size=6)
+    prompt = [1, 2, 3, 4, 5, 0, 1, 0, 0, 0, 4, 5, 0, 4, 5, 3, 3, 4, 5, 4, 5, 0]
+    drafter = DraftModelDrafter(target)
+    drafter.start(torch.tensor(prompt))
+    told = []
+
+    def stop(position, logits, context_match):
+        told.append(context_match)
+        return False
+
+    request = DraftRequest(
+        TreeShape.chain(8), SamplingParams(), stop=stop, context=ContextIndex(prompt)
+    )
+    draft = drafter.propose_request(request)
+    expected = [_expected_match(prompt, draft, node) for node in range(len(draft))]
+    assert told == expected == [bool(v) for v in draft.signals[CONTEXT_SIGNAL]]
+    assert set(told) == {True, False}

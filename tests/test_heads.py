@@ -375,7 +375,7 @@ def test_stop_callback_and_draft_caps(name, llama):
     drafter.start(prompt, None if features is None else features[0, :-1])
     seen = []
 
-    def stop(position, logits):
+    def stop(position, logits, context_match):
         seen.append((position, logits))
         return position == 1
 

@@ -61,7 +61,7 @@ def _stop_length(policy, logits: torch.Tensor, limit: int = 8) -> int:
     """Tokens a chain drafts under policy's stop rule when every draft distribution is logits."""
     stop = policy.stop_fn()
     for position in range(limit):
-        if stop is not None and stop(position, logits):
+        if stop is not None and stop(position, logits, False):
             return position + 1
     return limit
 
@@ -205,7 +205,7 @@ def test_each_rows_chain_is_cut_on_its_own_acceptance(monkeypatch):
     stops = [policy.stop_fn(), policy.stop_fn()]
     for stop, logits in zip(stops, [confident, unsure], strict=True):
         for position in range(3):
-            stop(position, logits)
+            stop(position, logits, False)
     kept = [len(policy.trim(Draft(tokens=torch.arange(3)))) for _ in range(2)]
     assert kept == [1, 0]
 
@@ -227,7 +227,7 @@ def test_a_sampled_chain_is_not_kept_for_what_its_later_tokens_promise(monkeypat
     stop = policy.stop_fn()
     q = torch.tensor([0.9, 0.1])
     for position in range(2):
-        stop(position, q.log())
+        stop(position, q.log(), False)
     draft = Draft(
         tokens=torch.zeros(2, dtype=torch.long), probs=q.expand(2, -1) if sampled else None
     )
@@ -396,7 +396,7 @@ def _planned_round(policy: CostAwarePolicy, accepted: bool) -> None:
     first wherever the policy asks for one to time the one-token cost."""
     while policy.shape().max_tokens == 0:
         policy.observe(RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0))
-    policy.stop_fn()(0, torch.zeros(1, 16))
+    policy.stop_fn()(0, torch.zeros(1, 16), False)
     draft = policy.trim(Draft(tokens=torch.zeros(1, dtype=torch.long)))
     assert len(draft) == 1  # at 0.2, 1.2 tokens for 1.3 s beat the 1 token its cut would give
     outcome = RoundOutcome(draft, [0] if accepted else [], draft_s=0.3, round_s=1.3)
@@ -527,7 +527,7 @@ def test_both_costs_are_timed_again_after_refresh_rounds():
     kept = []
     for _ in range(10):
         policy.shape()
-        policy.stop_fn()(0, torch.zeros(16))
+        policy.stop_fn()(0, torch.zeros(16), False)
         draft = policy.trim(Draft(tokens=torch.arange(1)))
         kept.append(len(draft))
         policy.observe(RoundOutcome(draft, [], draft_s=0.1, round_s=1.1))

@@ -13,6 +13,7 @@ from head_helpers import HEADS, build_head
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
 from draftsmith.core.attention import GROUPED_SDPA
+from draftsmith.core.context import CONTEXT_SIGNAL
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.sampling import SamplingParams, greedy_tokens
 from draftsmith.core.target import Target
@@ -244,7 +245,9 @@ def test_a_tree_keeps_the_signals_it_was_ranked_on(shape, support):
     draft = tree.grow(expand([-1])[0], expand)
     for kept in (draft, draft.pruned(5)):
         recomputed = draft_signals(replace(kept, signals=None, top1=None))
-        assert set(kept.signals) == set(recomputed)
+        # Without a context no node repeats it; the logits alone do not say.
+        assert set(kept.signals) == {*recomputed, CONTEXT_SIGNAL}
+        assert kept.signals[CONTEXT_SIGNAL].eq(0).all()
         for name, value in recomputed.items():
             torch.testing.assert_close(kept.signals[name], value, msg=name)
         own = kept.logits.gather(1, kept.tokens[:, None]).squeeze(1)

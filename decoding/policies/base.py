@@ -9,6 +9,7 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedModel
 
+from draftsmith.core.context import CONTEXT_SIGNAL
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
 from draftsmith.decoding.online import OnlineAcceptance, round_outcomes
 from draftsmith.heads.base import (
@@ -162,15 +163,17 @@ class DraftPolicy:
 
     def token_stop_fn(self, stop_after: StopRule) -> StopFn:
         """A chain stop callback from a rule over the signals of the token just drafted (with its
-        position and the draft's raw path probability filled in) and its acceptance."""
+        position, the draft's raw path probability and its context match filled in) and its
+        acceptance."""
         raw_path = 1.0
 
-        def stop(position: int, logits: torch.Tensor) -> bool:
+        def stop(position: int, logits: torch.Tensor, context_match: bool) -> bool:
             nonlocal raw_path
             signals = confidence_signals(logits[None])
             raw_path *= float(signals["top1_prob"][0])
             signals["position"] = torch.tensor([float(position)])
             signals["path_prob"] = torch.tensor([raw_path])
+            signals[CONTEXT_SIGNAL] = torch.tensor([float(context_match)])
             token = {name: float(value[0]) for name, value in signals.items()}
             token["vocab_size"] = logits.shape[-1]
             return stop_after(position, token, float(self.acceptance_prob(signals)[0]))

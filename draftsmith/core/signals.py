@@ -13,6 +13,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from draftsmith.core.context import CONTEXT_SIGNAL
+
 SIGNAL_NAMES: tuple[str, ...] = (
     "top1_prob",
     "margin",
@@ -28,9 +30,9 @@ ACCEPTANCE_HEAD_SIGNAL = "acceptance_head"
 calibrator may read like any other signal."""
 
 LEARNED_SIGNALS: tuple[str, ...] = (ACCEPTANCE_HEAD_SIGNAL,)
-"""Signals that are not computed from the logits."""
+"""Signals of a learned head, not computed from the logits."""
 
-KNOWN_SIGNALS: tuple[str, ...] = SIGNAL_NAMES + LEARNED_SIGNALS
+KNOWN_SIGNALS: tuple[str, ...] = SIGNAL_NAMES + (CONTEXT_SIGNAL,) + LEARNED_SIGNALS
 """Every signal a calibrator may read."""
 
 PROBABILITY_SIGNALS: frozenset[str] = frozenset(
@@ -138,6 +140,11 @@ def signal_matrix(
         hint = ""
         if any(n in LEARNED_SIGNALS for n in missing):
             hint = " (a learned head's output: load the acceptance model with its drafter)"
+        elif CONTEXT_SIGNAL in missing:
+            hint = (
+                f" ({CONTEXT_SIGNAL} says whether a drafted token repeats the context: drafters "
+                "and teacher-forced collection give it, `confidence_signals` alone does not)"
+            )
         raise ValueError(f"signals {missing} are missing{hint}; got {sorted(signals)}")
     columns = []
     for name in names:
