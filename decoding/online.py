@@ -25,6 +25,10 @@ from draftsmith.heads.base import Draft, on_support
 CORRECTION_GROUPS = ("first", "later", "first, context match", "later, context match")
 """The groups of tokens `OnlineAcceptance` corrects apart, in the order of its `corrections`."""
 
+SPLIT_SIGNALS = ("position", CONTEXT_SIGNAL)
+"""The signals whose values split `CORRECTION_GROUPS` (a later token: position >= 1; a
+repeat: context_match 1)."""
+
 _CLIP = 1e-4
 """Offline probabilities are clipped to [_CLIP, 1 - _CLIP] before the logit (|z| <= 9.2), so a
 calibrator that says 0 or 1 can still be corrected."""
@@ -167,6 +171,7 @@ class OnlineAcceptance:
         *,
         prior_strength: float = 10.0,
         forgetting: float = 0.99,
+        split_on: tuple[str, ...] = SPLIT_SIGNALS,
     ) -> None:
         """Defaults, chosen by replaying the tuning streams of benchmarks/README.md ("Online
         recalibration": the bundled bench's code, chat and prose and 16 held-out stdlib
@@ -178,7 +183,13 @@ class OnlineAcceptance:
         ~40 observations) is within 0.002 nats of the best and the most cautious of the near-best:
         three misses at top-1 0.9 move that prediction to 0.71 (to 0.42 at prior_strength 3).
         Memory ~100 observations (forgetting 0.99) follows a new workload within a few prompts.
-        Those were chosen for one correction of every token; each of the two keeps them."""
+        Those were chosen for one correction of every token; each group keeps them.
+
+        split_on: the `SPLIT_SIGNALS` that split the groups; tokens that differ only in the
+        others are corrected together (the baselines of `scripts/compare_policies.py`)."""
+        unknown = set(split_on) - set(SPLIT_SIGNALS)
+        if unknown:
+            raise ValueError(f"split_on names {sorted(unknown)}; choose from {SPLIT_SIGNALS}")
         if not (math.isfinite(prior_strength) and prior_strength > 0):
             raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength}")
         if not 0.0 < forgetting <= 1.0:
@@ -186,6 +197,7 @@ class OnlineAcceptance:
         self.offline = offline
         self.prior_strength = prior_strength
         self.forgetting = forgetting
+        self.split_on = tuple(split_on)
         self.reset()
 
     def reset(self) -> None:
@@ -208,7 +220,7 @@ class OnlineAcceptance:
         on the signals' device."""
         z = torch.logit(self.offline_probs(signals).float(), eps=_CLIP)
         a, b = torch.tensor([c.mean for c in self.corrections], device=z.device).unbind(-1)
-        group = _groups(signals, z.shape).to(z.device)
+        group = _groups(signals, z.shape, self.split_on).to(z.device)
         return torch.sigmoid(a[group] + b[group] * z).to(signals["top1_prob"].device)
 
     def observe(self, signals: Mapping[str, torch.Tensor], accepted: torch.Tensor) -> None:
@@ -224,22 +236,23 @@ class OnlineAcceptance:
         z = [_logit(p) for p in self.offline_probs(signals).reshape(-1).tolist()]
         if len(z) != len(y):
             raise ValueError(f"{len(z)} tokens' signals but {len(y)} outcomes")
-        groups = _groups(signals, (len(z),)).tolist()
+        groups = _groups(signals, (len(z),), self.split_on).tolist()
         for group, correction in enumerate(self.corrections):
             mine = [i for i, g in enumerate(groups) if g == group]
             if mine:
                 correction.update([z[i] for i in mine], [y[i] for i in mine], self.forgetting)
 
 
-def _groups(signals: Mapping[str, torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
-    """(k,) int64: each token's correction, 1 if it comes after a round's first (signals without
-    `position`: none do), plus 2 if it continues an n-gram of the context (signals without
-    `context_match`: none do)."""
+def _groups(
+    signals: Mapping[str, torch.Tensor], shape: tuple[int, ...], split_on: tuple[str, ...]
+) -> torch.Tensor:
+    """(k,) int64: each token's correction, 1 if it comes after a round's first, plus 2 if it
+    continues an n-gram of the context (each only when split on, and the signals carry it)."""
     group = torch.zeros(shape, dtype=torch.long)
-    for name, weight in (("position", 1), (CONTEXT_SIGNAL, 2)):
+    for weight, name in enumerate(SPLIT_SIGNALS):
         value = signals.get(name)
-        if value is not None:
-            group += weight * (value.reshape(shape).cpu() > 0)
+        if name in split_on and value is not None:
+            group += 2**weight * (value.reshape(shape).cpu() > 0)
     return group
 
 

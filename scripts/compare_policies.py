@@ -14,8 +14,8 @@ tree=chain|auto|TOP_KxDEPTHxTOTAL[xEXPAND] (cost-aware's default: a sibling chai
 or siblings=0, a bare one), raw=1 to rank drafts by raw confidence instead of the artifact's
 calibration, online=shared to recalibrate online with one correction for every drafted token
 (as `OnlineAcceptance` did before it corrected a round's first token apart from the later
-ones), context=0 to recalibrate without the `context_match` signal (as before it corrected
-tokens that repeat the context apart), small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
+ones), context=0 to recalibrate online without correcting tokens that repeat the context apart
+(as before `context_match`; a calibration fitted on it still reads it), small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. With --repeats N
 every prompt is decoded N times by every method, the methods' order rotating each time, and each
@@ -44,7 +44,6 @@ import torch
 from draftsmith.commands.bench import cost_curve, parse_options, tree_options
 from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core import small_rows
-from draftsmith.core.context import CONTEXT_SIGNAL
 from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
@@ -72,9 +71,9 @@ def main() -> None:
             own = build_drafter(f"artifact:{artifact}", target, tokenizer, dtype=args.dtype)
         acceptance = None if options.pop("raw", 0) else own.acceptance
         if options.pop("online", "split") == "shared":
-            acceptance = Blinded(acceptance, ("position", CONTEXT_SIGNAL))
+            acceptance = OnlineAcceptance(acceptance, split_on=())
         elif not options.pop("context", 1):
-            acceptance = Blinded(acceptance, (CONTEXT_SIGNAL,))
+            acceptance = OnlineAcceptance(acceptance, split_on=("position",))
         weight_first[spec] = bool(options.pop("small_rows", 1))
         if name == "cost-aware" and not weight_first[spec]:
             parser.error(f"--policy {spec}: small_rows=0 with cost-aware plans on the wrong curve")
@@ -208,24 +207,6 @@ def _replay_plain(target, tokenizer, args, batch: DivergedBatch, position: int) 
         target, tokenizer, ids, args, position + 1, output_logits=True, return_dict_in_generate=True
     )
     return out.logits[position]
-
-
-class Blinded(OnlineAcceptance):
-    """`OnlineAcceptance` that never sees the `dropped` signals: without `position` each token
-    is corrected as a round's first one, without `context_match` as one that repeats nothing."""
-
-    def __init__(self, offline, dropped: tuple[str, ...]) -> None:
-        super().__init__(offline)
-        self.dropped = dropped
-
-    def predict_signals(self, signals):
-        return super().predict_signals(self._seen(signals))
-
-    def observe(self, signals, accepted):
-        super().observe(self._seen(signals), accepted)
-
-    def _seen(self, signals: dict) -> dict:
-        return {name: value for name, value in signals.items() if name not in self.dropped}
 
 
 def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:

@@ -179,9 +179,12 @@ def summarise(
     offline_s = (time.perf_counter() - started) / len(rounds)
     predictions["online"], online_s = replay(rounds, online)
     shared = OnlineAcceptance(
-        online.offline, prior_strength=online.prior_strength, forgetting=online.forgetting
+        online.offline,
+        prior_strength=online.prior_strength,
+        forgetting=online.forgetting,
+        split_on=(),
     )
-    predictions["online_shared"], _ = replay(without_position(rounds), shared)
+    predictions["online_shared"], _ = replay(rounds, shared)
     after = slice(burn_in, None)
     first = torch.cat([signals["position"] for signals, _ in rounds]).numpy() == 0
     return {
@@ -198,11 +201,6 @@ def summarise(
         "ece_noise_floor_after_burn_in": noise_floor(predictions["online"][after]),
         **{name: scores(conf, outcomes, after, first) for name, conf in predictions.items()},
     }
-
-
-def without_position(rounds: list[Round]) -> list[Round]:
-    """The rounds with no `position` signal: every token is corrected as a first one."""
-    return [({k: v for k, v in signals.items() if k != "position"}, y) for signals, y in rounds]
 
 
 def scores(

@@ -102,17 +102,3 @@ def test_the_scripts_replay_their_own_plain_run_for_the_divergence_judge(byte_to
     assert judged["run_gaps"][-1] == pytest.approx(
         float(replayed[0, pair[0]] - replayed[0, pair[1]])
     )
-
-
-@pytest.mark.parametrize("signal", ["position", "context_match"])
-def test_a_blinded_model_corrects_tokens_together_that_the_default_corrects_apart(script, signal):
-    """The online=shared and context=0 baselines drop a signal: misses of later tokens (or of
-    tokens that repeat the context) move their prediction for the other tokens, where the
-    default's corrections keep them apart."""
-    other = {"top1_prob": torch.tensor([0.6]), signal: torch.tensor([0.0])}
-    missed = {"top1_prob": torch.full((20,), 0.6), signal: torch.ones(20)}
-    blinded, split = script.Blinded(None, (signal,)), script.OnlineAcceptance()
-    for model in (blinded, split):
-        model.observe(missed, torch.zeros(20))
-    torch.testing.assert_close(split.predict_signals(other), torch.tensor([0.6]))
-    assert float(blinded.predict_signals(other)[0]) < 0.5

@@ -12,7 +12,12 @@ import torch
 
 from draftsmith.calibration.metrics import ece
 from draftsmith.core.signals import confidence_signals
-from draftsmith.decoding.online import OnlineAcceptance, draft_signals, round_outcomes
+from draftsmith.decoding.online import (
+    SPLIT_SIGNALS,
+    OnlineAcceptance,
+    draft_signals,
+    round_outcomes,
+)
 from draftsmith.heads.base import Draft
 
 
@@ -284,3 +289,20 @@ def test_round_outcomes_read_what_the_drafter_kept():
     assert round_outcomes(draft, [1])[1].tolist() == [0.0, 1.0]
     ranked = replace(draft, signals=draft_signals(draft), top1=torch.tensor([True, False]))
     assert round_outcomes(ranked, [1])[1].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("signal", SPLIT_SIGNALS)
+def test_a_model_not_split_on_a_signal_corrects_its_tokens_together(signal):
+    """Split on fewer signals (the baselines of `compare_policies`), misses of later tokens (or of
+    tokens that repeat the context) move the prediction for the other tokens, where the default's
+    corrections keep them apart."""
+    other = {"top1_prob": torch.tensor([0.6]), signal: torch.tensor([0.0])}
+    missed = {"top1_prob": torch.full((20,), 0.6), signal: torch.ones(20)}
+    together = OnlineAcceptance(split_on=tuple(s for s in SPLIT_SIGNALS if s != signal))
+    apart = OnlineAcceptance()
+    for model in (together, apart):
+        model.observe(missed, torch.zeros(20))
+    torch.testing.assert_close(apart.predict_signals(other), torch.tensor([0.6]))
+    assert float(together.predict_signals(other)[0]) < 0.5
+    with pytest.raises(ValueError, match="split_on"):
+        OnlineAcceptance(split_on=("entropy",))
