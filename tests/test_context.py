@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_model
+from conftest import greedy_reference, perturbed_copy, tiny_model
 
 from draftsmith import FixedPolicy, SpeculativeDecoder
+from draftsmith.calibration import PlattScaling
 from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
 from draftsmith.core.sampling import SamplingParams
+from draftsmith.decoding import ThresholdPolicy
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
 from draftsmith.heads.base import DraftRequest, raw_acceptance
 from draftsmith.heads.tree import DynamicTree
@@ -145,3 +147,44 @@ def test_a_chain_stop_rule_reads_the_context_match_its_draft_keeps():
     expected = [_expected_match(prompt, draft, node) for node in range(len(draft))]
     assert told == expected == [bool(v) for v in draft.signals[CONTEXT_SIGNAL]]
     assert set(told) == {True, False}
+
+
+class _Spy:
+    """An acceptance model that records the signals it is asked about."""
+
+    def __init__(self, model) -> None:
+        self.model, self.asked = model, []
+
+    def predict_signals(self, signals):
+        self.asked.append({name: value.clone() for name, value in signals.items()})
+        return self.model.predict_signals(signals)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        lambda spy: ThresholdPolicy(acceptance=spy, max_draft_tokens=6, min_path_confidence=0.3),
+        lambda spy: FixedPolicy(acceptance=spy, tree=TreeShape(top_k=2, depth=4, expand=1)),
+    ],
+    ids=["chain stop rule", "tree ranking"],
+)
+def test_a_calibration_fitted_on_context_match_reads_it_while_decoding(policy):
+    """A calibrator fitted on `context_match` (repeats accepted more often) is asked about
+    every drafted token with it, by a chain's stop rule and by a tree's ranking alike, and
+    decoding stays the target's greedy decoding."""
+    rng = torch.Generator().manual_seed(0)
+    top1, match = torch.rand(400, generator=rng), (torch.rand(400, generator=rng) < 0.3).float()
+    accepted = (torch.rand(400, generator=rng) < torch.where(match > 0, 0.95, top1)).float()
+    fitted = PlattScaling(signals=("top1_prob", CONTEXT_SIGNAL)).fit(
+        {"top1_prob": top1, CONTEXT_SIGNAL: match}, accepted
+    )
+    spy = _Spy(fitted)
+    target = tiny_model(vocab_size=6)
+    prompt = torch.tensor([1, 2, 3, 4, 5, 3, 1])
+    decoder = SpeculativeDecoder(
+        target, DraftModelDrafter(perturbed_copy(target, 0.3)), policy=policy(spy)
+    )
+    result = decoder.generate(prompt, max_new_tokens=40)
+    assert result.tokens == greedy_reference(target, prompt, 40)
+    asked = torch.cat([signals[CONTEXT_SIGNAL] for signals in spy.asked])
+    assert set(asked.tolist()) == {0.0, 1.0}
