@@ -43,8 +43,10 @@ class CalibrateConfig:
     temperature: float = 0.0
     """0 calibrates for greedy verification (outcome: draft token == target argmax); T > 0 for
     sampling at temperature T (outcome: the acceptance probability min(1, p/q))."""
-    signals: tuple[str, ...] = ("top1_prob", "margin", "entropy", "position")
-    """Signals the calibrator may use (single-signal methods use the first)."""
+    signals: tuple[str, ...] = ("top1_prob", "margin", "entropy", "position", "context_match")
+    """Signals the calibrator may use (single-signal methods use the first). `context_match`
+    (the drafted token repeats an n-gram of the text before it) separates tokens accepted far
+    more often than their confidence says from the rest (benchmarks/README.md, session 40)."""
     collect: Collection = "teacher-forced"
     """teacher-forced: score draft chains at every position of held-out rows in one pass (exact
     for greedy decoding where the text is the target's own greedy output; see
