@@ -145,7 +145,9 @@ class DraftBuilder:
     """One round's draft: chooses each token from its logits and assembles the `Draft`.
 
     Greedy takes the argmax; sampling draws from the processed q (`probabilities`, the same
-    processing as the target's), which is what keeps rejection sampling exact.
+    processing as the target's), which is what keeps rejection sampling exact. Whether each
+    step's top-1 token repeats the request's context (`context_match`) goes to the stop rule
+    and, with the confidence signals, into the draft's `signals`.
     """
 
     def __init__(
