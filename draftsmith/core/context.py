@@ -3,7 +3,7 @@
 Code, structured text and small models' greedy output repeat themselves, and the target accepts
 a drafted token that continues an n-gram of the prompt or the output far more often than its
 draft confidence says (benchmarks/README.md, session 39). `ContextIndex` keeps the committed
-sequence's (n + 1)-grams so that a draft tree can ask this of every node at O(1) a node.
+sequence's (n + 1)-grams so that a draft can ask this of every token at O(1) a token.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 CONTEXT_SIGNAL = "context_match"
 """Per drafted node: 1.0 when its parent distribution's top-1 token, after the n tokens before it
 (committed ones, then the node's drafted ancestors), continues them as somewhere earlier in the
-committed sequence; else 0.0. Read by the online recalibration (`OnlineAcceptance`)."""
+committed sequence; else 0.0. A signal calibrators fit on (`draftsmith calibrate` by default),
+and one the online recalibration (`OnlineAcceptance`) corrects apart."""
 
 
 class ContextIndex:
