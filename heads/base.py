@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 import torch
@@ -154,9 +154,9 @@ class DraftRequest:
     """Ranks a tree's nodes."""
     tree_stop: TreeStopFn | None = None
     """Ends a tree's growth early after a depth (chains ignore it)."""
-    context: ContextIndex | None = None
+    context: ContextIndex = field(default_factory=ContextIndex)
     """The committed sequence's n-grams, from which a draft gives each token its `context_match`
-    signal; None: none known, no token repeats the context."""
+    signal (by default none: no token repeats the context)."""
 
 
 @dataclass

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.core.cache import crop_cache, keep_cache_rows
-from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
+from draftsmith.core.context import CONTEXT_SIGNAL
 from draftsmith.core.sampling import greedy_tokens, probabilities, sample
 from draftsmith.core.signals import confidence_signals
 from draftsmith.heads.base import Draft, DraftRequest, on_support
@@ -165,7 +165,7 @@ class DraftBuilder:
         self.sampling = request.sampling
         self.generator = request.generator
         self.stop = request.stop
-        self.context = ContextIndex() if request.context is None else request.context
+        self.context = request.context
         self._context_tail = self.context.tail()
         self.tokens: list[int] = []
         self._logits: list[torch.Tensor] = []
