@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from transformers import PreTrainedModel
 
+from draftsmith.core import int4_rows
 from draftsmith.core import small_rows as kernels
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.ragged import RaggedTarget
@@ -39,11 +41,24 @@ class DraftModelDrafter(Drafter):
     on packed weights (`draftsmith.core.small_rows`), which keep several rows near one row's
     price; with stock kernels a one-row forward takes a matrix-vector path that several rows'
     forward loses (`benchmarks/README.md`), so rows draft alone, each in its own forwards.
+
+    With `int4` the draft model steps on 4-bit copies of its linear layers
+    (`draftsmith.core.int4_rows`): a quarter of the bytes a step reads, some agreement with the
+    target lost, no output token changed (the target verifies every one). None (the default)
+    does for a bf16 model on the CPU, where a step's cost is reading the weights.
     """
 
-    def __init__(self, model: PreTrainedModel, batch_drafting: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        batch_drafting: bool | None = None,
+        int4: bool | None = None,
+    ) -> None:
         self.model = model.eval()
         prepack(self.model)  # not in the first round, which a policy times
+        self.int4 = int4_rows.available(model) if int4 is None else int4
+        if self.int4 and not int4_rows.is_quantized(model):
+            int4_rows.quantize(model)
         self.batch_drafting = batch_drafting
         self.vocab_size = model.config.get_text_config().vocab_size
         self._cache_argument = cache_argument(model)
@@ -57,7 +72,7 @@ class DraftModelDrafter(Drafter):
         self._tree_rows = None
 
     def fork(self) -> DraftModelDrafter:
-        return DraftModelDrafter(self.model, self.batch_drafting)
+        return DraftModelDrafter(self.model, self.batch_drafting, self.int4)
 
     def chain_batch(self, rows: int) -> RowDrafters | None:
         together = self.batch_drafting
@@ -66,14 +81,14 @@ class DraftModelDrafter(Drafter):
         # The rows' caches differ in length, which needs a custom attention mask.
         if not together or self.model.config._attn_implementation not in TREE_ATTENTION:
             return None
-        return BatchedDraftModel(self.model, rows)
+        return BatchedDraftModel(self.model, rows, self.int4)
 
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         # Rows of an uncommitted earlier draft go; the newest token is rerun for its logits.
         self._own.keep(min(self._own.agreeing(self._committed), len(self._committed) - 1))
         # One block for the round's forwards, not one per step (a 0.5B model has 169 layers).
-        with small_rows(self.model):
+        with small_rows(self.model), _weights(self.model, self.int4):
             logits = self._forward(self._committed[len(self._own) :], last_only=True)[-1]
             if not request.shape.is_chain:
                 tree = DynamicTree.for_request(request)
@@ -142,8 +157,9 @@ class BatchedDraftModel(RowDrafters):
 
     lockstep = True
 
-    def __init__(self, model: PreTrainedModel, rows: int) -> None:
+    def __init__(self, model: PreTrainedModel, rows: int, int4: bool = False) -> None:
         self.cache = RaggedTarget(model, (), rows)
+        self.int4 = int4
         self.order = list(range(rows))
         """The batch row of each row of the cache (finished rows leave it)."""
         self.committed: list[list[int]] = [[] for _ in range(rows)]
@@ -175,7 +191,8 @@ class BatchedDraftModel(RowDrafters):
             self._truncate(row, kept)
             blocks.append(committed[kept:])
         steps = 0
-        with small_rows(self.cache.model):  # one block for the round's steps, as alone
+        # One block for the round's steps, as alone.
+        with small_rows(self.cache.model), _weights(self.cache.model, self.int4):
             while any(blocks):
                 logits = self._run(blocks)
                 steps += 1
@@ -215,6 +232,11 @@ class BatchedDraftModel(RowDrafters):
     def _truncate(self, row: int, length: int) -> None:
         self.cache.truncate(self.order.index(row), length)
         del self.cached[row][length:]
+
+
+def _weights(model: PreTrainedModel, int4: bool) -> AbstractContextManager:
+    """The block a round's forwards run in: on the 4-bit copies with int4, else as they are."""
+    return int4_rows.int4_rows(model) if int4 else nullcontext()
 
 
 def _grower(request: DraftRequest) -> DraftBuilder | SiblingChain:

@@ -17,7 +17,8 @@ calibration, online=shared to recalibrate online with one correction for every d
 ones), context=0 to recalibrate online without correcting tokens that repeat the context apart
 (as before `context_match`; a calibration fitted on it still reads it), small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
-(the same drafter calibrated another way, or with a learned acceptance head). cost-aware gets the target's stored cost curve. With --repeats N
+(the same drafter calibrated another way, or with a learned acceptance head), int4=0|1 to
+draft on a draft model's own weights or its 4-bit copies (`draftsmith.core.int4_rows`). cost-aware gets the target's stored cost curve. With --repeats N
 every prompt is decoded N times by every method, the methods' order rotating each time, and each
 method's fastest run counts (other work on a shared machine only ever adds time). A greedy output that
 differs from plain's is judged by `draftsmith.decoding.divergence` (its first diverging position
@@ -37,6 +38,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -49,6 +51,7 @@ from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.benchmark import load_prompts
 from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge, format_divergence
 from draftsmith.decoding.online import OnlineAcceptance
+from draftsmith.heads import DraftModelDrafter
 
 
 def main() -> None:
@@ -69,6 +72,11 @@ def main() -> None:
         if "artifact" in options:
             artifact = options.pop("artifact")
             own = build_drafter(f"artifact:{artifact}", target, tokenizer, dtype=args.dtype)
+        if "int4" in options:
+            if not isinstance(own.drafter, DraftModelDrafter):
+                parser.error(f"--policy {spec}: int4= applies to a draft-model drafter only")
+            int4 = bool(options.pop("int4"))
+            own = replace(own, drafter=DraftModelDrafter(own.drafter.model, int4=int4))
         acceptance = None if options.pop("raw", 0) else own.acceptance
         if options.pop("online", "split") == "shared":
             acceptance = OnlineAcceptance(acceptance, split_on=())

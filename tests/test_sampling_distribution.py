@@ -128,7 +128,13 @@ SEQ_PARAMS = {
 
 @pytest.mark.parametrize(
     ("name", "drafter_kind"),
-    [("t1", "table"), ("t0.7_topk3", "table"), ("topp0.8", "table"), ("t1", "draft-model")],
+    [
+        ("t1", "table"),
+        ("t0.7_topk3", "table"),
+        ("topp0.8", "table"),
+        ("t1", "draft-model"),
+        ("t1", "int4-draft-model"),
+    ],
 )
 def test_three_token_sequences_follow_the_target(name, drafter_kind):
     params = SEQ_PARAMS[name]
@@ -137,8 +143,11 @@ def test_three_token_sequences_follow_the_target(name, drafter_kind):
     target = MarkovTarget(table)
     if drafter_kind == "table":
         drafter = TableDrafter(torch.randn(3, vocab, generator=torch.Generator().manual_seed(2)))
-    else:
+    elif drafter_kind == "draft-model":
         drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
+    else:  # q is what the 4-bit layers computed, which the rejection rule must be given
+        draft_model = tiny_model("llama", seed=4, vocab_size=vocab).bfloat16()
+        drafter = DraftModelDrafter(draft_model, int4=True)
     decoder = SpeculativeDecoder(target, drafter, policy=FixedPolicy(max_draft_tokens=3))
     counts = Counter()
     drafted = accepted = 0
