@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from transformers import PreTrainedModel
@@ -56,9 +55,7 @@ class DraftModelDrafter(Drafter):
     ) -> None:
         self.model = model.eval()
         prepack(self.model)  # not in the first round, which a policy times
-        self.int4 = int4_rows.available(model) if int4 is None else int4
-        if self.int4 and not int4_rows.is_quantized(model):
-            int4_rows.quantize(model)
+        self.int4 = int4_rows.prepare(model, int4)
         self.batch_drafting = batch_drafting
         self.vocab_size = model.config.get_text_config().vocab_size
         self._cache_argument = cache_argument(model)
@@ -88,7 +85,7 @@ class DraftModelDrafter(Drafter):
         # Rows of an uncommitted earlier draft go; the newest token is rerun for its logits.
         self._own.keep(min(self._own.agreeing(self._committed), len(self._committed) - 1))
         # One block for the round's forwards, not one per step (a 0.5B model has 169 layers).
-        with small_rows(self.model), _weights(self.model, self.int4):
+        with small_rows(self.model), int4_rows.int4_rows(self.model, self.int4):
             logits = self._forward(self._committed[len(self._own) :], last_only=True)[-1]
             if not request.shape.is_chain:
                 tree = DynamicTree.for_request(request)
@@ -192,7 +189,7 @@ class BatchedDraftModel(RowDrafters):
             blocks.append(committed[kept:])
         steps = 0
         # One block for the round's steps, as alone.
-        with small_rows(self.cache.model), _weights(self.cache.model, self.int4):
+        with small_rows(self.cache.model), int4_rows.int4_rows(self.cache.model, self.int4):
             while any(blocks):
                 logits = self._run(blocks)
                 steps += 1
@@ -232,11 +229,6 @@ class BatchedDraftModel(RowDrafters):
     def _truncate(self, row: int, length: int) -> None:
         self.cache.truncate(self.order.index(row), length)
         del self.cached[row][length:]
-
-
-def _weights(model: PreTrainedModel, int4: bool) -> AbstractContextManager:
-    """The block a round's forwards run in: on the 4-bit copies with int4, else as they are."""
-    return int4_rows.int4_rows(model) if int4 else nullcontext()
 
 
 def _grower(request: DraftRequest) -> DraftBuilder | SiblingChain:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
+from draftsmith.core import int4_rows
 from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, StatesHook, register_drafter
@@ -217,9 +218,12 @@ class FeatureDrafter(Drafter):
     cache only ever holds committed rows and the accepted prefix is never recomputed.
     """
 
-    def __init__(self, head: FeatureRecurrentHead, vocab_size: int) -> None:
+    def __init__(
+        self, head: FeatureRecurrentHead, vocab_size: int, int4: bool | None = None
+    ) -> None:
         self.head = head.eval()
         prepack(self.head)  # not in the first round, which a policy times
+        self.int4 = int4_rows.prepare(self.head, int4)
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self.state_size = head.hidden_size
@@ -238,7 +242,7 @@ class FeatureDrafter(Drafter):
         self._newest = None
 
     def fork(self) -> FeatureDrafter:
-        fork = FeatureDrafter(self.head, self.vocab_size)
+        fork = FeatureDrafter(self.head, self.vocab_size, self.int4)
         fork.expose_states(self._states_hook)
         self._forks.append(fork)
         return fork
@@ -246,7 +250,7 @@ class FeatureDrafter(Drafter):
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         # Every head forward of the round, one-row chain steps included, on packed weights.
-        with small_rows(self.head):
+        with small_rows(self.head), int4_rows.int4_rows(self.head, self.int4):
             hidden = self._catch_up()
             committed_rows = len(self._own)
             if request.shape.is_chain:

@@ -18,7 +18,8 @@ ones), context=0 to recalibrate online without correcting tokens that repeat the
 (as before `context_match`; a calibration fitted on it still reads it), small_rows=0 to run the linear layers as stock torch does (not on prepacked weights,
 `draftsmith.core.small_rows`; not with cost-aware, which plans on this draftsmith's curve), and artifact=DIR to draft with that artifact and its calibration instead of --drafter's
 (the same drafter calibrated another way, or with a learned acceptance head), int4=0|1 to
-draft on a draft model's own weights or its 4-bit copies (`draftsmith.core.int4_rows`). cost-aware gets the target's stored cost curve. With --repeats N
+draft on a draft model's or an EAGLE head's own weights or on 4-bit copies of them
+(`draftsmith.core.int4_rows`). cost-aware gets the target's stored cost curve. With --repeats N
 every prompt is decoded N times by every method, the methods' order rotating each time, and each
 method's fastest run counts (other work on a shared machine only ever adds time). A greedy output that
 differs from plain's is judged by `draftsmith.decoding.divergence` (its first diverging position
@@ -52,6 +53,7 @@ from draftsmith.decoding.benchmark import load_prompts
 from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge, format_divergence
 from draftsmith.decoding.online import OnlineAcceptance
 from draftsmith.heads import DraftModelDrafter
+from draftsmith.heads.eagle import FeatureDrafter
 
 
 def main() -> None:
@@ -73,10 +75,14 @@ def main() -> None:
             artifact = options.pop("artifact")
             own = build_drafter(f"artifact:{artifact}", target, tokenizer, dtype=args.dtype)
         if "int4" in options:
-            if not isinstance(own.drafter, DraftModelDrafter):
-                parser.error(f"--policy {spec}: int4= applies to a draft-model drafter only")
             int4 = bool(options.pop("int4"))
-            own = replace(own, drafter=DraftModelDrafter(own.drafter.model, int4=int4))
+            if isinstance(own.drafter, DraftModelDrafter):
+                own = replace(own, drafter=DraftModelDrafter(own.drafter.model, int4=int4))
+            elif isinstance(own.drafter, FeatureDrafter):
+                drafter = FeatureDrafter(own.drafter.head, own.drafter.vocab_size, int4=int4)
+                own = replace(own, drafter=drafter)
+            else:
+                parser.error(f"--policy {spec}: int4= needs a draft model or an EAGLE head")
         acceptance = None if options.pop("raw", 0) else own.acceptance
         if options.pop("online", "split") == "shared":
             acceptance = OnlineAcceptance(acceptance, split_on=())

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import greedy_reference, perturbed_copy
+from head_helpers import build_head
 from torch import nn
 
 from draftsmith import CostAwarePolicy, FixedPolicy, SpeculativeDecoder
@@ -135,3 +136,25 @@ def test_greedy_output_is_the_targets_with_a_4_bit_draft_model(llama, policy, mo
     assert result.tokens == greedy_reference(llama, prompt, 24)
     assert any(rows <= MAX_ROWS for rows in steps)  # the 4-bit weights drafted
     assert result.stats.accepted > 0
+
+
+def test_the_4_bit_copy_follows_changes_of_the_weight():
+    layer = _quantized_layer(torch.randn(32, 64))
+    before = int4_rows.dequantize(layer)
+    with torch.no_grad():
+        layer.weight.mul_(2)  # as an optimiser step does: in place
+    torch.testing.assert_close(int4_rows.dequantize(layer), 2 * before, atol=0.02, rtol=2**-7)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+def test_a_bf16_feature_head_drafts_on_4_bit_weights_and_decodes_the_targets_greedy_output(
+    llama, kind
+):
+    head = build_head(kind, llama).bfloat16()
+    drafter = head.as_drafter(llama)
+    assert drafter.int4 and drafter.fork().int4
+    assert not build_head(kind, llama).as_drafter(llama).int4  # float32
+    prompt = torch.tensor([1, 17, 4, 99, 23, 8])
+    policy = FixedPolicy(tree=TreeShape(top_k=3, depth=3, expand=1))
+    result = SpeculativeDecoder(llama, drafter, policy=policy).generate(prompt, max_new_tokens=16)
+    assert result.tokens == greedy_reference(llama, prompt, 16)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, ref
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +31,11 @@ MAX_ROWS = 8
 """Most rows computed on the 4-bit weight; above, unpacking it costs more than reading the bf16
 weight (`benchmarks/README.md`)."""
 
-_QUANTIZED: WeakKeyDictionary[nn.Module, tuple[torch.Tensor, torch.Tensor]] = WeakKeyDictionary()
-"""Each quantized layer's packed 4-bit weight and its (groups, out_features, 2) scales and
-offsets."""
+_QUANTIZED: WeakKeyDictionary[nn.Module, tuple[ref, int, torch.Tensor, torch.Tensor]] = (
+    WeakKeyDictionary()
+)
+"""Each quantized layer's weight and the version of it packed, the packed 4-bit weight and its
+(groups, out_features, 2) scales and offsets."""
 
 _LAYERS: WeakKeyDictionary[nn.Module, list[nn.Linear]] = WeakKeyDictionary()
 """Each quantized model's quantized layers: walking its modules every round costs more than a
@@ -71,12 +73,32 @@ def quantize(model: nn.Module) -> None:
         and layer.out_features % 16 == 0
     ]
     for layer in layers:
-        _QUANTIZED[layer] = pack(layer.weight.detach())
+        packed(layer)
     _LAYERS[model] = layers
 
 
 def is_quantized(model: nn.Module) -> bool:
     return model in _LAYERS
+
+
+def prepare(model: nn.Module, int4: bool | None) -> bool:
+    """Whether a drafter runs model on 4-bit copies, quantizing it once if so: int4 None (a
+    drafter's default) does where `available` says it can."""
+    int4 = available(model) if int4 is None else int4
+    if int4 and not is_quantized(model):
+        quantize(model)
+    return int4
+
+
+def packed(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """layer's 4-bit weight and scales (`pack`), packed again when the weight has changed (a
+    drafter made from a head that trains on)."""
+    weight = layer.weight
+    cached = _QUANTIZED.get(layer)
+    if cached is None or cached[0]() is not weight or cached[1] != weight._version:
+        cached = (ref(weight), weight._version, *pack(weight.detach()))
+        _QUANTIZED[layer] = cached
+    return cached[2], cached[3]
 
 
 def pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +121,8 @@ def pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize(layer: nn.Linear) -> torch.Tensor:
     """The weight layer's 4-bit copy stands for (out, in), float32: for tests and measurements."""
     eye = torch.eye(layer.in_features, dtype=torch.bfloat16)
-    packed, scales = _QUANTIZED[layer]
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, GROUP_SIZE, scales).float().t()
+    weight, scales = packed(layer)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, weight, GROUP_SIZE, scales).float().t()
 
 
 class Int4RowsLinear(nn.Linear):
@@ -111,20 +133,21 @@ class Int4RowsLinear(nn.Linear):
         rows = x.numel() // self.in_features
         if not 1 <= rows <= MAX_ROWS or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        packed, scales = _QUANTIZED[self]
+        weight, scales = packed(self)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(rows, self.in_features).contiguous(), packed, GROUP_SIZE, scales
+            x.reshape(rows, self.in_features).contiguous(), weight, GROUP_SIZE, scales
         )
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
 
 @contextmanager
-def int4_rows(model: nn.Module) -> Iterator[None]:
+def int4_rows(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     """Within the block, model's quantized layers are `Int4RowsLinear` (the same parameters),
     and what they were again after it, even on an error; nested blocks leave the layers to the
-    outermost. Nothing for a model `quantize` has not seen."""
-    if model in _INSIDE:
+    outermost. Nothing for a model `quantize` has not seen, or with enabled false (a drafter
+    that drafts on the weights of a model another one quantized)."""
+    if not enabled or model in _INSIDE:
         yield
         return
     swapped = [(m, type(m)) for m in _LAYERS.get(model, ())]
