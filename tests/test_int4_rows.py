@@ -99,14 +99,10 @@ def test_quantize_names_what_it_needs():
         int4_rows.quantize(nn.Linear(64, 32))  # float32
 
 
-def _bf16_draft(model: nn.Module) -> nn.Module:
-    return model.to(torch.bfloat16)
-
-
 def test_a_bf16_draft_model_drafts_on_4_bit_weights_by_default(llama):
-    assert DraftModelDrafter(_bf16_draft(perturbed_copy(llama, 0.05))).int4
+    assert DraftModelDrafter(perturbed_copy(llama, 0.05).bfloat16()).int4
     assert not DraftModelDrafter(perturbed_copy(llama, 0.05)).int4  # float32
-    assert not DraftModelDrafter(_bf16_draft(perturbed_copy(llama, 0.05)), int4=False).int4
+    assert not DraftModelDrafter(perturbed_copy(llama, 0.05).bfloat16(), int4=False).int4
     with pytest.raises(ValueError, match="bfloat16"):
         DraftModelDrafter(perturbed_copy(llama, 0.05), int4=True)
 
@@ -130,7 +126,7 @@ def test_greedy_output_is_the_targets_with_a_4_bit_draft_model(llama, policy, mo
         return forward(layer, x)
 
     monkeypatch.setattr(Int4RowsLinear, "forward", counted)
-    drafter = DraftModelDrafter(_bf16_draft(perturbed_copy(llama, 0.05)))
+    drafter = DraftModelDrafter(perturbed_copy(llama, 0.05).bfloat16())
     prompt = torch.tensor([1, 17, 4, 99, 23, 8])
     result = SpeculativeDecoder(llama, drafter, policy=policy).generate(prompt, max_new_tokens=24)
     assert result.tokens == greedy_reference(llama, prompt, 24)

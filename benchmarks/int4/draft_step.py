@@ -11,7 +11,6 @@ import argparse
 import inspect
 import json
 import time
-from contextlib import nullcontext
 from json import decoder as json_decoder
 
 import torch
@@ -34,7 +33,7 @@ def step_ms(model, ids: torch.Tensor, rows: int, int4: bool) -> float:
     with small_rows(model):
         model(ids[:, :CONTEXT], **{cache_argument(model): cache}, logits_to_keep=1)
         for _ in range(REPEATS):
-            with int4_rows.int4_rows(model) if int4 else nullcontext():
+            with int4_rows.int4_rows(model, int4):
                 started = time.perf_counter()
                 model(ids[:, CONTEXT : CONTEXT + rows], **{cache_argument(model): cache})
                 times.append(time.perf_counter() - started)
@@ -49,7 +48,7 @@ def next_tokens(model, ids: torch.Tensor, int4: bool, block: int = 8) -> torch.T
     with small_rows(model):
         model(ids[:, :100], **{cache_argument(model): cache})
         for start in range(100, ids.shape[1], block):
-            with int4_rows.int4_rows(model) if int4 else nullcontext():
+            with int4_rows.int4_rows(model, int4):
                 chunk = ids[:, start : start + block]
                 out.append(model(chunk, **{cache_argument(model): cache}).logits[0])
     return torch.cat(out).argmax(-1)

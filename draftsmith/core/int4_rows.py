@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from weakref import WeakKeyDictionary, ref
+from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from draftsmith.core.small_rows import of_weight
 
 GROUP_SIZE = 32
 """Input columns sharing one scale and offset: the sub-block of the GGUF Q4_K format our zoo's
@@ -31,11 +33,9 @@ MAX_ROWS = 8
 """Most rows computed on the 4-bit weight; above, unpacking it costs more than reading the bf16
 weight (`benchmarks/README.md`)."""
 
-_QUANTIZED: WeakKeyDictionary[nn.Module, tuple[ref, int, torch.Tensor, torch.Tensor]] = (
-    WeakKeyDictionary()
-)
-"""Each quantized layer's weight and the version of it packed, the packed 4-bit weight and its
-(groups, out_features, 2) scales and offsets."""
+_QUANTIZED: WeakKeyDictionary[nn.Module, tuple] = WeakKeyDictionary()
+"""Each quantized layer's packed 4-bit weight and (groups, out_features, 2) scales and offsets,
+with the weight and the version of it they were packed from (`of_weight`)."""
 
 _LAYERS: WeakKeyDictionary[nn.Module, list[nn.Linear]] = WeakKeyDictionary()
 """Each quantized model's quantized layers: walking its modules every round costs more than a
@@ -63,7 +63,8 @@ def quantize(model: nn.Module) -> None:
     if not available(model):
         raise ValueError(
             "4-bit drafting needs a bf16 model on the CPU and torch's int4 CPU kernel "
-            "(torch >= 2.6); load the drafter with dtype bfloat16, or draft on its own weights"
+            "(_weight_int4pack_mm_for_cpu); load the drafter with dtype bfloat16, or draft on "
+            "its own weights (int4=False)"
         )
     layers = [
         layer
@@ -93,12 +94,7 @@ def prepare(model: nn.Module, int4: bool | None) -> bool:
 def packed(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
     """layer's 4-bit weight and scales (`pack`), packed again when the weight has changed (a
     drafter made from a head that trains on)."""
-    weight = layer.weight
-    cached = _QUANTIZED.get(layer)
-    if cached is None or cached[0]() is not weight or cached[1] != weight._version:
-        cached = (ref(weight), weight._version, *pack(weight.detach()))
-        _QUANTIZED[layer] = cached
-    return cached[2], cached[3]
+    return of_weight(_QUANTIZED, layer, pack)
 
 
 def pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,8 +19,9 @@ bfloat16 layers on CPUs where oneDNN has no bf16 kernels (AVX2 without AVX-512 o
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 from weakref import WeakKeyDictionary, WeakSet, ref
 
 import torch
@@ -46,19 +47,25 @@ _PACKED: WeakKeyDictionary[nn.Module, tuple[ref, int, torch.Tensor]] = WeakKeyDi
 """Each swapped layer's packed weight, with the weight tensor and the version of it that it was
 packed from (a new Parameter or an in-place update, e.g. an optimiser step, repacks)."""
 
+Derived = TypeVar("Derived")
+
+
+def of_weight(
+    store: WeakKeyDictionary, layer: nn.Linear, make: Callable[[torch.Tensor], Derived]
+) -> Derived:
+    """What make gives of layer's weight, kept in store per layer and made again when the weight
+    changes (a new Parameter, or an in-place update such as an optimiser step)."""
+    weight = layer.weight
+    cached = store.get(layer)
+    if cached is None or cached[0]() is not weight or cached[1] != weight._version:
+        cached = (ref(weight), weight._version, make(weight.detach()))
+        store[layer] = cached
+    return cached[2]
+
 
 def packed_weight(layer: nn.Linear) -> torch.Tensor:
     """layer's weight in oneDNN's blocked layout, packed once per change of the weight."""
-    weight = layer.weight
-    cached = _PACKED.get(layer)
-    if cached is None or cached[0]() is not weight or cached[1] != weight._version:
-        cached = (
-            ref(weight),
-            weight._version,
-            torch.ops.mkldnn._reorder_linear_weight(weight.detach()),
-        )
-        _PACKED[layer] = cached
-    return cached[2]
+    return of_weight(_PACKED, layer, torch.ops.mkldnn._reorder_linear_weight)
 
 
 class SmallRowsLinear(nn.Linear):
