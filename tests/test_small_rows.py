@@ -34,11 +34,14 @@ def test_small_rows_linear_computes_what_linear_does(rows, bias):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_small_rows_swaps_float32_linears_within_the_block_only(monkeypatch):
-    monkeypatch.setattr(small_rows_module.bf16_rows, "available", lambda: False)  # as with AMX
+@pytest.mark.parametrize("onednn_bf16", [True, False])
+def test_small_rows_swaps_linears_within_the_block_only(monkeypatch, onednn_bf16):
+    monkeypatch.setattr(small_rows_module.bf16_rows, "available", lambda: False)
+    monkeypatch.setattr(small_rows_module, "_onednn_bf16", lambda: onednn_bf16)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).bfloat16(), nn.Embedding(4, 8))
+    bf16_class = SmallRowsLinear if onednn_bf16 else nn.Linear
     with small_rows(model, rows=4):
-        assert [type(m) for m in model] == [SmallRowsLinear, nn.Linear, nn.Embedding]
+        assert [type(m) for m in model] == [SmallRowsLinear, bf16_class, nn.Embedding]
         with small_rows(model, rows=4):  # nested: the outer block restores
             assert type(model[0]) is SmallRowsLinear
         assert type(model[0]) is SmallRowsLinear
@@ -46,6 +49,21 @@ def test_small_rows_swaps_float32_linears_within_the_block_only(monkeypatch):
     with pytest.raises(RuntimeError, match="inside"), small_rows(model, rows=4):
         raise RuntimeError("inside")
     assert type(model[0]) is nn.Linear
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels here"
+)
+@pytest.mark.parametrize("tokens", [1, 5, 24, MAX_ROWS])
+def test_a_bf16_forward_on_packed_weights_gives_the_plain_forwards_bits(tokens):
+    model = tiny_model().bfloat16().eval()
+    ids = torch.randint(model.config.vocab_size, (1, tokens))
+    with torch.no_grad():
+        plain = model(ids).logits
+        with small_rows(model, ids.numel()):
+            assert type(model.lm_head) is SmallRowsLinear
+            packed = model(ids).logits
+    assert torch.equal(packed, plain)
 
 
 def test_small_rows_leaves_many_rows_alone():
