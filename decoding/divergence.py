@@ -4,7 +4,8 @@ resolve (rounding), or a fault.
 The first diverging position is re-scored with a float32 copy of the target and called rounding
 only where the two tokens are a near-tie within the run's own measured error there
 (`judge_divergence`), the error measured over the forward shapes the two decoders compute that
-position in: blocks over a cache (`RESCORE_BLOCKS`), the prompt's row of its left-padded batch,
+position in: blocks over a cache (`RESCORE_BLOCKS`), with the model's causal masking and under an
+explicit mask as a draft's verification runs them, the prompt's row of its left-padded batch,
 and plain `generate` itself replayed to that position (a `PlainReplay` of the caller's own plain
 run). The benchmark and the side-by-side scripts share this judge.
 """
@@ -12,6 +13,7 @@ run). The benchmark and the side-by-side scripts share this judge.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from transformers import PreTrainedModel
 
 from draftsmith.core.cache import cache_argument, crop_cache, returned_cache
 from draftsmith.core.ragged import left_padded
+from draftsmith.core.target import TREE_ATTENTION
+from draftsmith.core.tree import additive_mask
 
 logger = logging.getLogger(__name__)
 
@@ -142,28 +146,44 @@ def next_logits_by_shape(
     """The next-token logits after prefix (T,) as differently shaped forwards compute them
     (S, V): cache-free, then for each of `RESCORE_BLOCKS` (m rows) the prefix's last token as the
     first row of a block continued by `after` (plain's next tokens), and as the last row of a
-    block of prefix's last m tokens, each over a cache of the rest: one prefill, cropped to each
-    block's start (the shrinking caches come last)."""
+    block of prefix's last m tokens, each over a cache of the rest, with the model's own causal
+    masking and, where it applies custom masks, under an explicit mask as a draft's verification
+    passes one (attention may then take another kernel path: `grouped_sdpa_attention` stacks
+    the query heads that share a key/value head). One prefill, cropped to each block's start
+    (the shrinking caches come last)."""
     rows = [next_logits(model, prefix)]
     if prefix.numel() < 2:
         return torch.stack(rows)
     argument = cache_argument(model)
     cache = returned_cache(model(input_ids=prefix[None, :-1], use_cache=True))
+    masks = (False, True) if model.config._attn_implementation in TREE_ATTENTION else (False,)
 
-    def block_logits(block: torch.Tensor) -> torch.Tensor:
-        """The logits (m, V) of block (m,) after the cache, which then drops it again."""
+    def block_logits(block: torch.Tensor, masked: bool) -> torch.Tensor:
+        """The logits (m, V) of block (m,) after the cache, which then drops it again; masked:
+        under an explicit causal mask with explicit positions."""
         cached = cache.get_seq_length()
-        logits = model(input_ids=block[None], use_cache=True, **{argument: cache}).logits[0]
+        explicit = {}
+        if masked:
+            m = block.numel()
+            visible = torch.ones(m, cached + m, dtype=torch.bool)
+            visible[:, cached:] = torch.ones(m, m, dtype=torch.bool).tril()
+            explicit = {
+                "attention_mask": additive_mask(visible, model.dtype).to(model.device),
+                "position_ids": torch.arange(cached, cached + m, device=model.device)[None],
+            }
+        logits = model(
+            input_ids=block[None], use_cache=True, **{argument: cache}, **explicit
+        ).logits[0]
         crop_cache(cache, cached)
         return logits
 
-    for m in RESCORE_BLOCKS:
+    for m, masked in itertools.product(RESCORE_BLOCKS, masks):
         if m - 1 <= after.numel():
-            rows.append(block_logits(torch.cat([prefix[-1:], after[: m - 1]]))[0])
+            rows.append(block_logits(torch.cat([prefix[-1:], after[: m - 1]]), masked)[0])
     for m in RESCORE_BLOCKS:
         if 1 < m < prefix.numel():
             crop_cache(cache, prefix.numel() - m)
-            rows.append(block_logits(prefix[-m:])[-1])
+            rows.extend(block_logits(prefix[-m:], masked)[-1] for masked in masks)
     return torch.stack(rows)
 
 

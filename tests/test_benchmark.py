@@ -5,18 +5,22 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import perturbed_copy, tiny_model
 
 from draftsmith.commands.bench import bundled_prompts
+from draftsmith.core import attention as attention_module
+from draftsmith.core.attention import use_grouped_sdpa
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts
 from draftsmith.decoding.decoder import GenerationResult, GenerationStats
 from draftsmith.decoding.divergence import (
     FLOAT32_ULPS,
+    RESCORE_BLOCKS,
     format_divergence,
     judge_divergence,
     next_logits_by_shape,
@@ -299,6 +303,35 @@ def test_a_bfloat16_divergence_is_judged_on_plain_generates_own_logits_too(byte_
         prefix = torch.cat([ids, torch.tensor(plain[:3])])
         blocks = next_logits_by_shape(target, prefix, torch.tensor(plain[3:]))
     assert len(divergence["run_gaps"]) == len(blocks) + 1
+
+
+def test_the_judge_reruns_blocks_under_a_mask_through_the_grouped_attention(monkeypatch):
+    """A draft's verification passes a mask, under which a grouped-query model attends through
+    `grouped_sdpa_attention`'s stacked query heads (rounding unlike transformers' maskless
+    blocks): the judge's shapes hold every block again under an explicit mask, computed so."""
+    model = tiny_model("llama", seed=4, attn_implementation="sdpa")
+    use_grouped_sdpa(model)
+    stacked = []
+    sdpa = attention_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attention_module,
+        "F",
+        SimpleNamespace(
+            scaled_dot_product_attention=lambda q, *a, **k: (
+                stacked.append(q.shape[-2]) or sdpa(q, *a, **k)
+            )
+        ),
+    )
+    prefix, after = torch.arange(5, 45), torch.arange(50, 90)
+    with torch.no_grad():
+        rows = next_logits_by_shape(model, prefix, after)
+    first = [m for m in RESCORE_BLOCKS if m - 1 <= after.numel()]
+    last = [m for m in RESCORE_BLOCKS if 1 < m < prefix.numel()]
+    assert rows.shape[0] == 1 + 2 * (len(first) + len(last))
+    groups = model.config.num_attention_heads // model.config.num_key_value_heads
+    assert set(stacked) == {groups * m for m in first + last if m > 1}
+    # Each block with and without the mask: the same attention, rounded differently at most.
+    torch.testing.assert_close(rows[2::2], rows[1::2], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])
