@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import platform
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -56,7 +57,7 @@ class CostCurve:
     device: str = ""
     """The device it ran on (cpu, cuda:0, ...)."""
     device_name: str = ""
-    """The accelerator's model name (cpu when none)."""
+    """The device's model (`device_name`)."""
     torch_threads: int = 0
     """torch's intra-op threads when timed (a CPU run's cost depends on them)."""
     draftsmith_version: str = ""
@@ -189,8 +190,32 @@ def _interleaved_minima(
     return [min(column) for column in zip(*rounds, strict=True)]
 
 
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+def device_name(device: torch.device) -> str:
+    """What the device is: an accelerator's model name, or the CPU's model with the matrix
+    instructions its kernels can use (a curve timed on one CPU plans wrongly on another)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    units = [
+        name
+        for name, present in (
+            (torch.backends.cpu.get_cpu_capability(), True),
+            ("AVX512-BF16", torch.cpu._is_avx512_bf16_supported()),
+            ("AMX", torch.cpu._is_amx_tile_supported()),
+        )
+        if present
+    ]
+    return f"cpu: {_cpu_model()} ({', '.join(units)})"
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    models = [line.partition(":")[2].strip() for line in text.splitlines() if "model name" in line]
+    return models[0] if models else platform.processor() or "unknown"
 
 
 def _check_profile_args(
@@ -258,7 +283,7 @@ def profile_target(
         target=name or model.name_or_path,
         dtype=str(model.dtype).removeprefix("torch."),
         device=str(device),
-        device_name=_device_name(device),
+        device_name=device_name(device),
         torch_threads=torch.get_num_threads(),
         draftsmith_version=version("draftsmith"),
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -15,6 +15,7 @@ from draftsmith.decoding import profile
 from draftsmith.decoding.profile import (
     CostCurve,
     default_sizes,
+    device_name,
     profile_drafter,
     profile_target,
 )
@@ -254,28 +255,56 @@ def test_profile_command_times_a_batch_and_stores_it_beside_the_one_row_curve(
     assert not CostCurve.default_path(str(target_dir), "float32", "cpu").exists()
 
 
+def timed_here(tokens: list[int], verify_s: list[float], **kwargs) -> CostCurve:
+    """A curve as this draftsmith would have timed it on this machine."""
+    here = {
+        "draftsmith_version": __version__,
+        "device_name": device_name(torch.device("cpu")),
+        "torch_threads": torch.get_num_threads(),
+    }
+    return curve(tokens, verify_s, **{**here, **kwargs})
+
+
 def test_bench_reads_the_curve_of_its_batch_size_where_one_is_stored(llama, tmp_path, monkeypatch):
     from draftsmith.commands.bench import cost_curve
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
-    one_row = curve([1, 2], [1.0, 2.0], draftsmith_version=__version__)
+    one_row = timed_here([1, 2], [1.0, 2.0])
     one_row.save(CostCurve.default_path("tiny", "float32", "cpu"))
-    four = curve([1, 2], [3.0, 4.0], rows=4, draftsmith_version=__version__)
+    four = timed_here([1, 2], [3.0, 4.0], rows=4)
     four.save(CostCurve.default_path("tiny", "float32", "cpu", rows=4))
     assert cost_curve(llama, "tiny", rows=4).rows == 4
     assert cost_curve(llama, "tiny", rows=2) == one_row  # none stored for 2 rows
 
 
-def test_bench_times_again_a_curve_another_draftsmith_timed(llama, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("elsewhere", "said"),
+    [
+        ({"draftsmith_version": "0.2.0"}, "timed by draftsmith 0.2.0"),
+        ({"device_name": "cpu: Another CPU (AVX2)"}, "on cpu: Another CPU (AVX2) with"),
+        ({"torch_threads": 64}, "with 64 torch threads"),
+    ],
+)
+def test_bench_times_again_a_curve_timed_by_another_draftsmith_cpu_or_thread_count(
+    llama, tmp_path, monkeypatch, capsys, elsewhere, said
+):
     from draftsmith.commands.bench import cost_curve
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     path = CostCurve.default_path("tiny", "float32", "cpu")
-    curve([1, 2], [1.0, 2.0], draftsmith_version="0.2.0").save(path)
+    timed_here([1, 2], [1.0, 2.0], **elsewhere).save(path)
     measured = cost_curve(llama, "tiny")
-    assert measured.draftsmith_version == __version__ and measured.verify_s[0] < 1.0
-    assert "timed by draftsmith 0.2.0" in capsys.readouterr().out
+    here = timed_here([1], [1.0])
+    timed = (measured.draftsmith_version, measured.device_name, measured.torch_threads)
+    assert timed == (here.draftsmith_version, here.device_name, here.torch_threads)
+    assert measured.verify_s[0] < 1.0 and said in capsys.readouterr().out
     assert CostCurve.load(path) == measured  # stored in its place
+
+
+def test_a_cpus_name_holds_its_model_and_matrix_instructions():
+    name = device_name(torch.device("cpu"))
+    assert name.startswith("cpu: ") and torch.backends.cpu.get_cpu_capability() in name
+    assert ("AMX" in name) is torch.cpu._is_amx_tile_supported()
 
 
 def test_profile_command_with_a_drafter_writes_to_the_default_path(

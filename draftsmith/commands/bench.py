@@ -254,23 +254,29 @@ def cost_curve(target, name: str, rows: int = 1):
     """The target's stored verification cost on this device (`draftsmith profile`): the curve
     timed over `rows` rows where there is one, else the one-row curve, measured and stored now
     when there is none, or when the stored one was timed by another draftsmith version (whose
-    forward may cost differently)."""
+    forward may cost differently), on another device model or with another number of torch
+    threads (a cache directory carried to another machine)."""
+    import torch
+
     from draftsmith import __version__
     from draftsmith.core.parallel import is_main_process, placement
-    from draftsmith.decoding.profile import CostCurve, profile_target
+    from draftsmith.decoding.profile import CostCurve, device_name, profile_target
 
     where = (name, target.dtype, str(target.device), placement(target))
     batched = CostCurve.default_path(*where, rows=rows)
     path = CostCurve.default_path(*where)
+    here = (__version__, device_name(target.device), torch.get_num_threads())
     for stored in ([batched] if rows > 1 else []) + [path]:
         if stored.is_file():
             curve = CostCurve.load(stored)
-            if curve.draftsmith_version == __version__:
+            timed = (curve.draftsmith_version, curve.device_name, curve.torch_threads)
+            if timed == here:
                 return curve
             if is_main_process():
                 print(
-                    f"{stored} was timed by draftsmith {curve.draftsmith_version or 'before 0.3'}"
-                    f", this is {__version__}: measuring it again"
+                    f"{stored} was timed by draftsmith {timed[0] or 'before 0.3'} on "
+                    f"{timed[1] or 'an unnamed device'} with {timed[2]} torch threads; this is "
+                    f"{here[0]} on {here[1]} with {here[2]}: measuring it again"
                 )
     if is_main_process():
         print(f"measuring {name}'s verification cost for --tree auto (once; kept in {path})")
