@@ -34,6 +34,10 @@ one-row step, draftsmith in a verification block of up to 65 rows (a tree's most
 kernel rounds differently for each block size: the run's error there is the largest over them.
 A prompt decoded in a batch is re-run in blocks of these sizes as its row of that batch too."""
 
+ERROR_TOKENS = 16
+"""The reference's most likely tokens whose errors in the run, besides the diverging pair's,
+measure the run's error at a position."""
+
 FLOAT32_ULPS = 8
 """The float32 reference resolves two logits no finer than this many float32 ulps. In a float32
 run the reference is the run itself (its measured error is zero), so only a gap this small counts
@@ -233,18 +237,23 @@ def judge_divergence(
     dtype, as S differently shaped forwards compute it (`next_logits_by_shape`; the first a
     cache-free one), or (V,) from one; reference (V,) the same from float32. The divergence is
     rounding when the two tokens are a near-tie the run cannot resolve: their float32 gap is
-    within the run's error on them there (the largest over the shapes of |run - float32| summed
-    over the pair: the forwards that diverged round like some of these, though not identically)
-    plus FLOAT32_ULPS of the reference's own rounding. Gaps are plain's token minus ours; run_gap
-    is the first shape's, run_gaps every shape's.
+    within the run's error on them there plus FLOAT32_ULPS of the reference's own rounding. The
+    run's error on the pair is the larger of its largest over the shapes (|run - float32| summed
+    over the pair) and twice the largest |run - float32| of one token among the pair and the
+    reference's `ERROR_TOKENS` most likely ones: the forwards that diverged round like these,
+    though not identically, and two tokens' errors alone are too few to say how far a third
+    shape's can reach (every shape may round the pair alike, as a draft's masked block then
+    does not). Gaps are plain's token minus ours; run_gap is the first shape's, run_gaps every
+    shape's.
     """
+    rows = run_logits.reshape(-1, run_logits.shape[-1])
     pair = torch.tensor([plain_token, our_token], device=run_logits.device)
+    likely = reference.topk(min(ERROR_TOKENS, reference.numel())).indices
+    tokens = torch.cat([pair, likely])
     # float64 holds every bfloat16 and float32 value and their differences exactly.
-    run, ref = (
-        run_logits.reshape(-1, run_logits.shape[-1])[:, pair].double(),
-        reference[pair].double(),
-    )
-    run_error = float((run - ref).abs().sum(dim=-1).max())
+    errors = (rows[:, tokens].double() - reference[tokens].double()).abs()
+    run, ref = rows[:, pair].double(), reference[pair].double()
+    run_error = max(float(errors[:, :2].sum(dim=-1).max()), 2 * float(errors.max()))
     top = reference[pair].abs().max()
     ulp = float(torch.nextafter(top, torch.full_like(top, torch.inf)) - top)
     tolerance = run_error + FLOAT32_ULPS * ulp

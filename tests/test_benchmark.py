@@ -93,17 +93,17 @@ def test_near_tie_within_the_measured_error_is_rounding():
     reference = torch.tensor([5.0, 5.02, 1.0, 0.0])
     run = torch.tensor([5.03125, 5.0, 1.0, 0.0], dtype=torch.bfloat16)
     judged = judge_divergence(run, reference, plain_token=0, our_token=1)
-    error = (run.double() - reference.double()).abs()[:2].sum().item()
+    errors = (run.double() - reference.double()).abs()
     assert judged["float32_gap"] == pytest.approx(-0.02, abs=1e-6)
     assert judged["run_gap"] == pytest.approx(0.03125)
-    assert judged["run_error"] == pytest.approx(error)
+    assert judged["run_error"] == pytest.approx(max(errors[:2].sum(), 2 * errors.max()).item())
     assert judged["tolerance"] >= judged["run_error"]
     assert judged["explained"] is True
 
 
 def test_the_run_error_is_the_largest_over_its_forward_shapes():
     # float32 puts token 0 0.05 ahead. The cache-free forward is off by 0.019 on the pair, too
-    # little to flip it; a block forward is off by 0.081 and picks token 1, as a verification
+    # little to flip it; a block forward is off by 0.05 on token 1 and picks it, as a verification
     # block may: the divergence is rounding by that shape's error, not by the cache-free one's.
     reference = torch.tensor([5.0, 4.95, 1.0])
     cache_free = torch.tensor([5.0, 4.98, 1.0], dtype=torch.bfloat16)
@@ -113,25 +113,46 @@ def test_the_run_error_is_the_largest_over_its_forward_shapes():
     judged = judge_divergence(torch.stack([cache_free, block]), reference, 0, 1)
     assert judged["run_gap"] == alone["run_gap"]
     assert judged["run_gaps"][1] == pytest.approx(-0.03125)
-    assert judged["run_error"] == pytest.approx(0.03125 + 0.05, abs=1e-6)
+    assert judged["run_error"] == pytest.approx(2 * 0.05, abs=1e-6)  # its token 1's, twice
     assert judged["explained"] is True
 
 
 def test_clear_gap_is_not_rounding_however_close_the_run_gap():
-    # The run puts tokens 0 and 1 0.0625 apart, within its 0.1875 error on them, but float32 puts
-    # them 0.25 apart, past that error: the float32 gap decides, not the run's.
-    reference = torch.tensor([5.0, 4.75, 4.96875, 0.0])
+    # The run puts tokens 0 and 1 0.0625 apart and errs by 0.1875 at most on any one token, so by
+    # 0.375 on a pair; float32 puts them 0.5 apart, past that: the float32 gap decides, not the
+    # run's.
+    reference = torch.tensor([5.0, 4.5, 4.96875, 0.0])
     run = torch.tensor([5.0, 4.9375, 5.0, 0.0], dtype=torch.bfloat16)
     judged = judge_divergence(run, reference, plain_token=0, our_token=1)
     assert judged["run_gap"] == pytest.approx(0.0625)
-    assert judged["run_error"] == pytest.approx(0.1875)
-    assert judged["float32_gap"] == pytest.approx(0.25)
-    assert judged["explained"] is False
+    assert judged["run_error"] == pytest.approx(2 * 0.4375)
+    assert judged["float32_gap"] == pytest.approx(0.5)
+    reference[1] = 4.0  # token 1 off by 0.9375 in the run: float32 gap 1.0 against 0.9375 * 2
+    judged = judge_divergence(run, reference, plain_token=0, our_token=1)
+    assert judged["float32_gap"] == pytest.approx(1.0)
+    assert judged["explained"] is True
     # Tokens 0 and 2, tied in the run, lie 0.03125 apart in float32: within the run's error there.
     judged = judge_divergence(run, reference, plain_token=0, our_token=2)
     assert judged["run_gap"] == 0.0
     assert judged["float32_gap"] == pytest.approx(0.03125)
     assert judged["explained"] is True
+
+
+def test_the_run_error_reads_the_likely_tokens_not_the_pair_alone():
+    # Every shape rounds the pair alike (0.05 off at most, float32 gap 0.2), but another likely
+    # token is 0.25 off in one of them: a third shape (a draft's masked block) can be as far off
+    # on either token of the pair, so a 0.2 gap is within its reach.
+    reference = torch.tensor([34.7259, 34.5228, 34.0, 1.0])
+    shapes = torch.tensor(
+        [[34.75, 34.5, 34.0, 1.0], [34.75, 34.5, 33.75, 1.0]], dtype=torch.bfloat16
+    )
+    judged = judge_divergence(shapes, reference, plain_token=0, our_token=1)
+    pair_error = float((shapes[:, :2].double() - reference[:2].double()).abs().sum(-1).max())
+    assert pair_error < judged["float32_gap"] == pytest.approx(0.2031, abs=1e-4)
+    assert judged["run_error"] == pytest.approx(0.5)
+    assert judged["explained"] is True
+    shapes[1, 2] = 34.0  # no token off by more than the pair's: 0.2 is past the run's reach
+    assert judge_divergence(shapes, reference, plain_token=0, our_token=1)["explained"] is False
 
 
 def test_float32_runs_excuse_only_a_few_ulps():
