@@ -238,10 +238,9 @@ def judge_divergence(
     cache-free one), or (V,) from one; reference (V,) the same from float32. The divergence is
     rounding when the two tokens are a near-tie the run cannot resolve: their float32 gap is
     within the run's error on them there plus FLOAT32_ULPS of the reference's own rounding. The
-    run's error on the pair is the larger of its largest over the shapes (|run - float32| summed
-    over the pair) and twice the largest |run - float32| of one token among the pair and the
-    reference's `ERROR_TOKENS` most likely ones: the forwards that diverged round like these,
-    though not identically, and two tokens' errors alone are too few to say how far a third
+    run's error on a pair is twice its largest |run - float32| over the shapes and over the pair
+    and the reference's `ERROR_TOKENS` most likely tokens: the forwards that diverged round like
+    these, though not identically, and the pair's own errors are too few to say how far a third
     shape's can reach (every shape may round the pair alike, as a draft's masked block then
     does not). Gaps are plain's token minus ours; run_gap is the first shape's, run_gaps every
     shape's.
@@ -253,7 +252,7 @@ def judge_divergence(
     # float64 holds every bfloat16 and float32 value and their differences exactly.
     errors = (rows[:, tokens].double() - reference[tokens].double()).abs()
     run, ref = rows[:, pair].double(), reference[pair].double()
-    run_error = max(float(errors[:, :2].sum(dim=-1).max()), 2 * float(errors.max()))
+    run_error = 2 * float(errors.max())
     top = reference[pair].abs().max()
     ulp = float(torch.nextafter(top, torch.full_like(top, torch.inf)) - top)
     tolerance = run_error + FLOAT32_ULPS * ulp
