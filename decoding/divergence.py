@@ -25,6 +25,7 @@ from draftsmith.core.cache import cache_argument, crop_cache, returned_cache
 from draftsmith.core.ragged import left_padded
 from draftsmith.core.target import TREE_ATTENTION
 from draftsmith.core.tree import additive_mask
+from draftsmith.heads.blocks import causal_mask
 
 logger = logging.getLogger(__name__)
 
@@ -169,10 +170,10 @@ def next_logits_by_shape(
         explicit = {}
         if masked:
             m = block.numel()
-            visible = torch.ones(m, cached + m, dtype=torch.bool)
-            visible[:, cached:] = torch.ones(m, m, dtype=torch.bool).tril()
             explicit = {
-                "attention_mask": additive_mask(visible, model.dtype).to(model.device),
+                "attention_mask": additive_mask(causal_mask(m, cached), model.dtype).to(
+                    model.device
+                ),
                 "position_ids": torch.arange(cached, cached + m, device=model.device)[None],
             }
         logits = model(

@@ -135,16 +135,16 @@ block) returns at once: classifying 200 layers again would cost a round about 0.
 def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
     """Within the block, model's float32 CPU `nn.Linear` layers are `SmallRowsLinear` and its
     bf16 ones `SmallRowsLinear` where oneDNN has bf16 kernels or `Bf16RowsLinear` where ours is
-    needed (the same parameters), and plain
-    `nn.Linear` again after it, even on an error. rows: the positions
-    (batch x tokens) of the one forward the block runs, to skip the swap where it would change
-    nothing; None for a block of many forwards (Hugging Face's `generate`), each dispatched by
-    its own rows. Nested blocks leave the layers to the outermost; with `ENABLED` false the
-    block changes nothing."""
+    needed (the same parameters), and plain `nn.Linear` again after it, even on an error. rows:
+    the positions (batch x tokens) of the one forward the block runs, to skip the swap where it
+    would change nothing; None for a block of many forwards (Hugging Face's `generate`), each
+    dispatched by its own rows. Nested blocks leave the layers to the outermost; with `ENABLED`
+    false the block changes nothing."""
     if not ENABLED or rows == 0 or model in _INSIDE:
         yield
         return
-    # Many rows: float32 runs as fast on F.linear, bf16 still needs `Bf16RowsLinear`.
+    # Many rows: F.linear runs as fast as a packed weight; bf16 on our kernel still needs
+    # `Bf16RowsLinear`.
     many = rows is not None and rows > MAX_ROWS
     swapped = [
         (m, cls)
