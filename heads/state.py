@@ -223,4 +223,4 @@ def to_target_vocab(
     if d2t is None:
         return logits
     full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
-    return full.index_copy(-1, d2t.to(logits.device), logits)
+    return full.index_copy_(-1, d2t.to(logits.device), logits)

@@ -19,6 +19,7 @@ depth on its most valuable (parent, rank) places, never by pruning afterwards.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -26,7 +27,7 @@ import torch
 
 from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
 from draftsmith.core.sampling import SamplingParams, probabilities
-from draftsmith.core.signals import SIGNAL_NAMES, distribution_signals
+from draftsmith.core.signals import SIGNAL_NAMES
 from draftsmith.heads.base import (
     AcceptanceFn,
     Draft,
@@ -150,66 +151,88 @@ class DynamicTree:
         top_k tokens (greedy) or draws without replacement (sampling); returns the new nodes."""
         logits = logits.float()
         # One softmax and one top-k give both the children and their confidence signals.
-        probs = logits.softmax(-1)
+        log_probs = logits.log_softmax(-1)
+        probs = log_probs.exp()
         width = min(self.shape.top_k, probs.shape[-1])
         top = probs.topk(min(max(width, 2), probs.shape[-1]), dim=-1)
-        signals = distribution_signals(probs, top.values)
-        signals["position"] = torch.tensor([0.0 if n < 0 else self.depths[n] for n in nodes])
-        parent_raw = torch.tensor([1.0 if n < 0 else self._raw_paths[n] for n in nodes])
-        raw_paths = signals["path_prob"] = parent_raw * signals["top1_prob"]
-        signals[CONTEXT_SIGNAL] = self._context_match(nodes, top.indices[:, 0])
-        # The top-1 child is accepted with the node's acceptance; a runner-up keeps its draft
-        # probability, which a calibration fitted on top-1 tokens says nothing of.
-        shares = top.values[:, :width].clone()
-        shares[:, 0] = self.acceptance(signals)
-        parent_values = torch.tensor([1.0 if n < 0 else self.values[n] for n in nodes])
-        values = parent_values[:, None] * shares  # (len(nodes), width)
-        depth = signals["position"]
+        # A masked (-inf) token gives 0 * -inf = NaN, which nansum counts as the 0 it is.
+        entropy = -(probs * log_probs).nansum(-1)
+        indices = top.indices[:, :width]
+        ids = (indices if self.support is None else self.support[indices]).tolist()
+        # Past the (len(nodes), V) work a depth holds a few numbers a node: as Python floats
+        # they cost less than one tensor op each.
+        top_probs = top.values.tolist()
+        table = [
+            self._node_signals(node, row, h, children[0])
+            for node, row, h, children in zip(nodes, top_probs, entropy.tolist(), ids, strict=True)
+        ]
+        signals = torch.tensor(table)  # (len(nodes), len(_NODE_SIGNALS)) float32
+        raw_paths = signals[:, _NODE_SIGNALS.index("path_prob")].tolist()
+        acceptance = self.acceptance(
+            {name: signals[:, j] for j, name in enumerate(_NODE_SIGNALS)}
+        ).tolist()
+        values = []  # per node, per rank: its path's value
+        for node, row, accepted in zip(nodes, top_probs, acceptance, strict=True):
+            # The top-1 child is accepted with the node's acceptance; a runner-up keeps its
+            # draft probability, which a calibration fitted on top-1 tokens says nothing of.
+            parent_value = 1.0 if node < 0 else self.values[node]
+            values.append([parent_value * share for share in [accepted, *row[1:width]]])
         if self.sampling is None:
-            indices = top.indices[:, :width]
-            ids = indices if self.support is None else self.support[indices]
             children = [
                 [(t, v, None) for t, v in zip(tokens, row, strict=True) if v > 0.0]
-                for tokens, row in zip(ids.tolist(), values.tolist(), strict=True)
+                for tokens, row in zip(ids, values, strict=True)
             ]  # a value of 0: the drafter rules the token out (outside its vocabulary)
         else:
             children = self._sampled_children(self._on_target_vocab(logits), values)
-        # Kept for learning from the verified round (`Draft.signals`), on the CPU where it reads.
-        rows = torch.stack([signals[name] for name in _NODE_SIGNALS], dim=-1).cpu()
-        top1_kept = (values[:, 0] > 0.0).tolist()  # else the top-1 token was ruled out
         added = []
         for i, node in enumerate(nodes):
             self._logits.append(logits[i])
-            self._signals.append(rows[i])
+            self._signals.append(signals[i])
+            depth = 1 if node < 0 else self.depths[node] + 1
             for rank, (token, value, drawn_from) in enumerate(children[i]):
                 added.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(node)
-                self.depths.append(int(depth[i]) + 1)
+                self.depths.append(depth)
                 self.values.append(value)
-                self._raw_paths.append(float(raw_paths[i]))
+                self._raw_paths.append(raw_paths[i])
                 self._logits_row.append(len(self._logits) - 1)
-                self._top1.append(rank == 0 and top1_kept[i])
+                self._top1.append(rank == 0 and values[i][0] > 0.0)
                 if drawn_from is not None:
                     self._probs.append(drawn_from)
         return added
 
-    def _context_match(self, nodes: list[int], top1: torch.Tensor) -> torch.Tensor:
-        """(len(nodes),) 1.0 where the top-1 token of a node's distribution, top1 (len(nodes),)
-        over the drafter's columns, continues the n tokens before it (committed ones, then the
-        node's path) as somewhere earlier in the committed sequence."""
-        ids = top1 if self.support is None else self.support[top1]
-        matched = []
-        for node, token in zip(nodes, ids.tolist(), strict=True):
-            path = []  # the node and its ancestors, newest first, as many as the match reads
-            while node >= 0 and len(path) < self.context.n:
-                path.append(self.tokens[node])
-                node = self.parents[node]
-            matched.append(float(self.context.matches(self._context_tail + path[::-1], token)))
-        return torch.tensor(matched)
+    def _node_signals(self, node: int, top: list[float], entropy: float, top1: int) -> list[float]:
+        """The `_NODE_SIGNALS` of the distribution node (-1: the root) predicts, from its largest
+        probabilities top (descending), its entropy and its top-1 token (a target id), as
+        `confidence_signals` computes them (`path_prob` along the node's path)."""
+        top2 = top[1] if len(top) > 1 else 0.0
+        path = top[0] * (1.0 if node < 0 else self._raw_paths[node])
+        position = 0.0 if node < 0 else float(self.depths[node])
+        matched = float(self._context_match(node, top1))
+        signals = {
+            "top1_prob": top[0],
+            "margin": top[0] - top2,
+            "entropy": entropy,
+            "position": position,
+            "path_prob": path,
+            "composite": top[0] * math.exp(-entropy),
+            CONTEXT_SIGNAL: matched,
+        }
+        return [signals[name] for name in _NODE_SIGNALS]
+
+    def _context_match(self, node: int, top1: int) -> bool:
+        """Whether top1 (a target id), the top-1 token of node's distribution, continues the n
+        tokens before it (committed ones, then the node's path) as somewhere earlier in the
+        committed sequence."""
+        path = []  # the node and its ancestors, newest first, as many as the match reads
+        while node >= 0 and len(path) < self.context.n:
+            path.append(self.tokens[node])
+            node = self.parents[node]
+        return self.context.matches(self._context_tail + path[::-1], top1)
 
     def _sampled_children(
-        self, logits: torch.Tensor, values: torch.Tensor
+        self, logits: torch.Tensor, values: list[list[float]]
     ) -> list[list[tuple[int, float, torch.Tensor]]]:
         """Per node, its children (token, value, q drawn from) under sampling: the budget left
         goes to the most valuable (node, rank) places, values (len(nodes), top_k) per rank, and
@@ -218,7 +241,7 @@ class DynamicTree:
         drawable = (q > 0).sum(-1).tolist()
         places = [
             (value, i, rank)
-            for i, row in enumerate(values.tolist())
+            for i, row in enumerate(values)
             for rank, value in enumerate(row[: drawable[i]])
             if value > 0.0
         ]
@@ -229,7 +252,7 @@ class DynamicTree:
         for _, i, _ in places[:room]:
             count[i] += 1
         children = []
-        for i, row in enumerate(values.tolist()):
+        for i, row in enumerate(values):
             drawn = _without_replacement(q[i], count[i], self.generator)
             left, siblings = q[i].clone(), []
             for rank, token in enumerate(drawn):
