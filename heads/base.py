@@ -127,11 +127,12 @@ class TreeShape:
         total = min(self.max_tokens, tokens)
         return replace(self, depth=min(self.depth, tokens), total_tokens=total)
 
-    def narrowed(self, top_k: int) -> TreeShape:
-        """This shape with at most `top_k` children a node (and as many nodes expanded)."""
+    def narrowed(self, top_k: int, expand: int | None = None) -> TreeShape:
+        """This shape with at most `top_k` children a node and at most `expand` nodes expanded a
+        depth (None: at most top_k)."""
         top_k = min(self.top_k, top_k)
-        expand = None if self.expand is None else min(self.expand, top_k)
-        return replace(self, top_k=top_k, expand=expand)
+        width = min(self.width, top_k, expand or top_k)
+        return replace(self, top_k=top_k, expand=None if width == top_k else width)
 
 
 def most_valuable(values: Sequence[float], depths: Sequence[int], size: int) -> list[int]:

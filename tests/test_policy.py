@@ -786,17 +786,26 @@ def test_cost_aware_measures_the_curve_when_given_none(llama):
 
 
 def test_the_cost_curve_cuts_trees_and_sizes_the_next_one():
-    """The next round expands twice as many nodes a depth as the widest depth kept; its depth
-    is the stop rule's."""
+    """The next round gives a node twice as many children as one kept node has, and expands
+    twice as many nodes a depth as one kept depth has expanded (the root: one), each capped at
+    the shape's; its depth is the stop rule's."""
     tree = TreeShape(top_k=4, depth=4, total_tokens=16)
     values = torch.tensor([0.9, 0.8, 0.7, 0.6])
     chain = Draft(tokens=torch.arange(4), values=values)
     flat = CostAwarePolicy(tree=tree, cost=_curve([1.0] * 6))
     assert len(flat.trim(chain)) == 4
-    assert flat.shape() == TreeShape(top_k=2, depth=4, total_tokens=16)  # one node a depth kept
+    assert flat.shape() == TreeShape(top_k=2, depth=4, total_tokens=16)  # one child a node kept
     fan = Draft(tokens=torch.arange(4), parents=torch.full((4,), -1), values=values)
     assert len(flat.trim(fan)) == 4
-    assert flat.shape() == tree  # four at depth 1: twice that, capped at the shape's
+    # Four children of the root: four a node, but two nodes expanded a depth.
+    assert flat.shape() == TreeShape(top_k=4, depth=4, total_tokens=16, expand=2)
+    bush = Draft(
+        tokens=torch.arange(6),
+        parents=torch.tensor([-1, -1, 0, 0, 1, 1]),
+        values=torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5, 0.4]),
+    )
+    assert len(flat.trim(bush)) == 6
+    assert flat.shape() == tree  # two nodes of depth 1 expanded: four a depth
     # Each further token costs 0.9 of a plain step: none of these nodes pays, though a chain
     # accepted whole would.
     steep = CostAwarePolicy(tree=tree, cost=_curve([1.0, 1.9, 2.8, 3.7, 4.6, 5.5]))

@@ -181,7 +181,10 @@ def test_tree_shape_expand_must_fit_top_k():
         TreeShape(top_k=2, depth=3, expand=3)
     with pytest.raises(ValueError, match="expand must be in"):
         TreeShape(top_k=2, depth=3, expand=0)
-    assert TreeShape(top_k=4, depth=3, expand=2).narrowed(1) == TreeShape(1, 3, None, 1)
+    assert TreeShape(top_k=4, depth=3, expand=2).narrowed(3) == TreeShape(3, 3, None, 2)
+    assert TreeShape(top_k=4, depth=3, expand=2).narrowed(1) == TreeShape(1, 3)
+    assert TreeShape(top_k=4, depth=3).narrowed(3, expand=1) == TreeShape(3, 3, None, 1)
+    assert TreeShape(top_k=4, depth=3).narrowed(3, expand=5) == TreeShape(3, 3)
     assert TreeShape(top_k=4, depth=3, expand=1).capped(2).expand == 1
 
 

@@ -8,7 +8,7 @@ import logging
 import math
 import operator
 import statistics
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -126,8 +126,8 @@ class CostAwarePolicy(DraftPolicy):
     expected accepted length), and it grows another depth while some deeper tree is expected to
     beat the best it holds, each further depth taken to give the nodes it expands children as
     the newest depth gave its parents theirs (the chain's rule when top_k is 1). It is then cut
-    to its nodes of best value, its drafting spent, and the next round expands up to twice as
-    many nodes a depth as were kept.
+    to its nodes of best value, its drafting spent, and the next round's tree gives a node up to
+    twice as many children, and expands up to twice as many nodes a depth, as the kept one did.
 
     A batch (rows decoding together, each verifying its own draft in the round's one target
     forward, `CostCurve.batch_cost`) whose rows draft in lockstep (one drafter forward a step
@@ -239,7 +239,9 @@ class CostAwarePolicy(DraftPolicy):
     """Rounds since the last that verified one token."""
     _since_wider: int = field(default=0, init=False, repr=False)
     """Rounds since the last that verified more than one token."""
-    _budget: int | None = field(default=None, init=False, repr=False)
+    _budget: tuple[int, int] | None = field(default=None, init=False, repr=False)
+    """The next round's (children a node, nodes expanded a depth), from what the last kept
+    (`_next_budget`); None: the largest shape's."""
     _round_acceptance: list[list[float]] = field(default_factory=list, init=False, repr=False)
     """Per row of this round, in row order, the acceptance of each token its chain drafted."""
     _round_depths: list[list[int]] = field(default_factory=list, init=False, repr=False)
@@ -379,7 +381,7 @@ class CostAwarePolicy(DraftPolicy):
         if shape.is_chain or self._budget is None:
             return shape
         # The depth is the stop rule's to choose; the width follows what the last rounds kept.
-        return shape.narrowed(self._budget)
+        return shape.narrowed(*self._budget)
 
     def _one_token_unmeasured(self) -> bool:
         """Whether this round must be a plain step to measure the one-token cost: speculative
@@ -499,7 +501,7 @@ class CostAwarePolicy(DraftPolicy):
         (the shape's width) with children in the proportions the newest depth's parents gave
         theirs."""
         shape, step_s = self.largest, self._draft_cost.per_step
-        narrowed = shape if self._budget is None else shape.narrowed(self._budget)
+        narrowed = shape if self._budget is None else shape.narrowed(*self._budget)
         top_k, width = narrowed.top_k, narrowed.width
         values = nodes.values
         newest = [i for i, d in enumerate(nodes.depths) if d == depth]
@@ -550,8 +552,7 @@ class CostAwarePolicy(DraftPolicy):
             self._expected.append(1.0 + sum(row_values[:k]))
             kept.append(draft.subtree(range(k)) if chain else draft.pruned(k))
         if not chain:
-            widest = max((int(d.depths.bincount().max()) for d in kept if len(d)), default=1)
-            self._budget = min(2 * widest, self.largest.top_k)
+            self._budget = self._next_budget(kept)
         return kept
 
     def trim(self, draft: Draft) -> Draft:
@@ -609,9 +610,24 @@ class CostAwarePolicy(DraftPolicy):
             values = draft.values.sort(descending=True).values.tolist()
             size = self._kept(self._best(values, self._drafting_s(depths))[0], values)
             kept = draft.pruned(size)
-        widest = int(kept.depths.bincount().max()) if len(kept) else 1
-        self._budget = min(2 * widest, self.largest.top_k)
+        self._budget = self._next_budget([kept])
         return kept
+
+    def _next_budget(self, kept: Sequence[Draft]) -> tuple[int, int]:
+        """The next round's (children a node, nodes expanded a depth): twice the most that one
+        node, and one depth, of this round's kept trees have (the root: one expanded node).
+        Apart, since the nodes worth expanding and the children worth keeping differ: a tree
+        whose kept depths hold three children of one node is grown next with six children a
+        node but two nodes expanded a depth, not six."""
+        children, expanded = 1, 1
+        for draft in kept:
+            parents, depths = draft.parents.tolist(), draft.depths.tolist()
+            counts = Counter(parents)
+            children = max(children, *counts.values()) if counts else children
+            by_depth = Counter(depths[p] for p in counts if p >= 0)
+            expanded = max(expanded, *by_depth.values()) if by_depth else expanded
+        top_k = min(2 * children, self.largest.top_k)
+        return top_k, min(2 * expanded, top_k)
 
     def _sampled_nodes_that_pay(self, draft: Draft) -> list[int]:
         """The nodes of a sampled tree to verify, ascending (at least the first judged where
