@@ -79,8 +79,14 @@ class MedusaHead(DraftVocabulary, SharesTargetParts, DraftHead):
 
     def head_logits(self, features: torch.Tensor, k: int) -> torch.Tensor:
         """features (B, T, H) -> head k's logits (B, T, V_d) of the token at t + 1 + k."""
-        head = self.heads[k]
-        hidden = head(features.to(head.linear.weight))
+        return self.heads_logits(features, range(k, k + 1))[..., 0, :]
+
+    def heads_logits(self, features: torch.Tensor, heads: range) -> torch.Tensor:
+        """features (B, T, H) -> the logits (B, T, len(heads), V_d) of heads `heads`, their
+        outputs through the shared LM head in one call: drafting reads its weight once for every
+        head, not once a head."""
+        weight = self.heads[0].linear.weight
+        hidden = torch.stack([self.heads[k](features.to(weight)) for k in heads], dim=-2)
         return self.parts().logits(hidden, vocab=self.draft_to_target())
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
@@ -115,21 +121,21 @@ class MedusaDrafter(Drafter):
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         newest = len(self._features) - 1
-        if newest == 0:  # a one-token prompt: no feature to read yet
+        depth = min(request.shape.depth, self.head.num_steps - 1)
+        if (
+            newest == 0 or depth == 0
+        ):  # no feature to read yet (a one-token prompt), or a plain step
             return Draft.empty()
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
-
-        def head_logits(k: int) -> torch.Tensor:
-            """Head k's logits (V,): its guess at the token k ahead of the newest one."""
-            logits = self.head.head_logits(feature, k)[0, -1].float()
-            return to_target_vocab(logits, self._d2t, self.vocab_size)
-
-        depth = min(request.shape.depth, self.head.num_steps - 1)
+        # Row k - 1: head k's guess at the token k ahead of the newest one. All heads at once:
+        # K rows through the LM head cost little more than one.
+        logits = self.head.heads_logits(feature, range(1, depth + 1))[0, -1].float()
+        depth_logits = list(to_target_vocab(logits, self._d2t, self.vocab_size))
         if not request.shape.is_chain:
-            return combine_depths(request, [head_logits(k) for k in range(1, depth + 1)])
+            return combine_depths(request, depth_logits)
         builder = DraftBuilder(request, depth)
-        for k in range(1, depth + 1):
-            builder.add(head_logits(k))
+        for step_logits in depth_logits:
+            builder.add(step_logits)
             if builder.done:
                 break
         return builder.draft()

@@ -2,7 +2,7 @@
 logits on an 8,192-token draft vocabulary (the 1,200-step head's) placed on SmolLM2's 49,152, a
 4x6x12 tree and a 4x3 sibling chain, each the median of 300 grows after 30 warm-ups.
 
-    python benchmarks/trees/bookkeeping.py [ARTIFACT_DIR]
+    python benchmarks/drafting/tree_bookkeeping.py [ARTIFACT_DIR]
 
 With ARTIFACT_DIR the nodes are valued by its calibrated acceptance, recalibrated online as the
 cost-aware policy does; without, by the raw draft probability.
