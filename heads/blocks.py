@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 
+from draftsmith.core import int4_rows
 from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.tree import additive_mask
@@ -121,6 +122,8 @@ class SharesTargetParts:
     """Mixin for heads that borrow the target's embeddings, final norm and LM head."""
 
     _target: TargetParts | None = None
+    drafts_on_target_lm_head: bool = False
+    """Whether this kind's logits come from the target's LM head (it has none of its own)."""
 
     def bind_target(self, target: PreTrainedModel) -> None:
         self._target = TargetParts.of(target)
@@ -132,6 +135,19 @@ class SharesTargetParts:
                 "embeddings and LM head"
             )
         return self._target
+
+
+def int4_target_lm_head(head: SharesTargetParts, int4: bool | None) -> nn.Module | None:
+    """The target's LM head, with a 4-bit copy packed for drafting (`draftsmith.core.int4_rows`),
+    where `head` drafts through the whole of it every step (`drafts_on_target_lm_head`, over the
+    full vocabulary: a reduced one reads its rows gathered) and int4 allows it (None or True:
+    where `int4_rows.available`; False: never); else None. One-row steps read a quarter of its
+    bytes, and on the CPU the LM head is the largest weight a step reads (SmolLM2's: 57 MB in
+    bf16); the target verifies on its own weights."""
+    if not head.drafts_on_target_lm_head or head.draft_to_target() is not None or int4 is False:
+        return None
+    lm_head = head.parts().lm_head
+    return lm_head if int4_rows.prepare(lm_head, None) else None
 
 
 def block_config(target_config: PretrainedConfig) -> PretrainedConfig:

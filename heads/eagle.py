@@ -25,6 +25,7 @@ from draftsmith.heads.blocks import (
     SharesTargetParts,
     TargetParts,
     causal_mask,
+    int4_target_lm_head,
     lag,
     lead,
     seeded,
@@ -163,6 +164,7 @@ class EagleHead(FeatureRecurrentHead):
     """
 
     config_class = EagleConfig
+    drafts_on_target_lm_head = True
 
     def __init__(self, target_config: PretrainedConfig, config: EagleConfig) -> None:
         super().__init__()
@@ -224,6 +226,7 @@ class FeatureDrafter(Drafter):
         self.head = head.eval()
         prepack(self.head)  # not in the first round, which a policy times
         self.int4 = int4_rows.prepare(self.head, int4)
+        self._lm_head = int4_target_lm_head(self.head, int4)
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self.state_size = head.hidden_size
@@ -250,7 +253,11 @@ class FeatureDrafter(Drafter):
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         # Every head forward of the round, one-row chain steps included, on packed weights.
-        with small_rows(self.head), int4_rows.int4_rows(self.head, self.int4):
+        with (
+            small_rows(self.head),
+            int4_rows.int4_rows(self.head, self.int4),
+            int4_rows.int4_rows(self._lm_head, self._lm_head is not None),
+        ):
             hidden = self._catch_up()
             committed_rows = len(self._own)
             if request.shape.is_chain:

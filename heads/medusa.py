@@ -15,9 +15,16 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from draftsmith.core import int4_rows
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, register_drafter
-from draftsmith.heads.blocks import SharesTargetParts, TargetParts, seeded, text_config
+from draftsmith.heads.blocks import (
+    SharesTargetParts,
+    TargetParts,
+    int4_target_lm_head,
+    seeded,
+    text_config,
+)
 from draftsmith.heads.state import DraftBuilder, LaggedFeatures, to_target_vocab
 from draftsmith.heads.trainable import DraftHead, StepsConfig
 from draftsmith.heads.tree import combine_depths
@@ -65,6 +72,7 @@ class MedusaHead(DraftVocabulary, SharesTargetParts, DraftHead):
     """
 
     config_class = MedusaConfig
+    drafts_on_target_lm_head = True
     first_drafted_step = 1  # head 0 re-predicts the target's own next token
 
     def __init__(self, target_config: PretrainedConfig, config: MedusaConfig) -> None:
@@ -104,8 +112,12 @@ class MedusaDrafter(Drafter):
     chain of each head's choice, or a tree of each head's top-k. Its only state is that feature,
     so a rejection needs no rollback."""
 
-    def __init__(self, head: MedusaHead, vocab_size: int) -> None:
+    def __init__(self, head: MedusaHead, vocab_size: int, int4: bool | None = None) -> None:
         self.head = head.eval()
+        self.int4 = int4
+        """Draft on a 4-bit copy of the target's LM head (`int4_target_lm_head`; None: where
+        available)."""
+        self._lm_head = int4_target_lm_head(head, int4)
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self._d2t = head.draft_to_target()
@@ -116,7 +128,7 @@ class MedusaDrafter(Drafter):
         self._features.release(len(self._features) - 1)  # only the newest row is ever read
 
     def fork(self) -> MedusaDrafter:
-        return MedusaDrafter(self.head, self.vocab_size)
+        return MedusaDrafter(self.head, self.vocab_size, self.int4)
 
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
@@ -129,7 +141,8 @@ class MedusaDrafter(Drafter):
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
         # Row k - 1: head k's guess at the token k ahead of the newest one. All heads at once:
         # K rows through the LM head cost little more than one.
-        logits = self.head.heads_logits(feature, range(1, depth + 1))[0, -1].float()
+        with int4_rows.int4_rows(self._lm_head, self._lm_head is not None):
+            logits = self.head.heads_logits(feature, range(1, depth + 1))[0, -1].float()
         depth_logits = list(to_target_vocab(logits, self._d2t, self.vocab_size))
         if not request.shape.is_chain:
             return combine_depths(request, depth_logits)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from draftsmith.core import int4_rows
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.target import TargetBatch
@@ -27,6 +28,7 @@ from draftsmith.heads.blocks import (
     SharesTargetParts,
     TargetParts,
     causal_mask,
+    int4_target_lm_head,
     lag,
     lead,
     rms_norm,
@@ -76,6 +78,7 @@ class MTPHead(DraftVocabulary, SharesTargetParts, DraftHead):
     of the draft vocabulary when `draft_vocab_size` is set: see `DraftVocabulary`)."""
 
     config_class = MTPConfig
+    drafts_on_target_lm_head = True
 
     def __init__(self, target_config: PretrainedConfig, config: MTPConfig) -> None:
         super().__init__()
@@ -134,9 +137,13 @@ class MTPDrafter(Drafter):
     input rows in module k - 1 were kept; the rest are rebuilt next round.
     """
 
-    def __init__(self, head: MTPHead, vocab_size: int) -> None:
+    def __init__(self, head: MTPHead, vocab_size: int, int4: bool | None = None) -> None:
         self.head = head.eval()
         prepack(self.head)  # not in the first round, which a policy times
+        self.int4 = int4
+        """Draft on a 4-bit copy of the target's LM head (`int4_target_lm_head`; None: where
+        available)."""
+        self._lm_head = int4_target_lm_head(head, int4)
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self._d2t = head.draft_to_target()
@@ -151,7 +158,7 @@ class MTPDrafter(Drafter):
         self._features.start(target_features, prompt_ids.numel())
 
     def fork(self) -> MTPDrafter:
-        return MTPDrafter(self.head, self.vocab_size)
+        return MTPDrafter(self.head, self.vocab_size, self.int4)
 
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
@@ -173,7 +180,8 @@ class MTPDrafter(Drafter):
                 break
             self._extend(k, sequence, newest)
             newest_out = own.outputs[newest : newest + 1][None]  # (1, 1, H)
-            logits = self.head.logits(newest_out)[0, -1].float()
+            with int4_rows.int4_rows(self._lm_head, self._lm_head is not None):
+                logits = self.head.logits(newest_out)[0, -1].float()
             sequence.append(builder.add(to_target_vocab(logits, self._d2t, self.vocab_size)))
         self._features.release(len(self._depths[0]))
         return builder.draft()

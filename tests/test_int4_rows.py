@@ -3,14 +3,15 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import greedy_reference, perturbed_copy
-from head_helpers import build_head
+from conftest import greedy_reference, perturbed_copy, tiny_model
+from head_helpers import HEADS, build_head
 from torch import nn
 
 from draftsmith import CostAwarePolicy, FixedPolicy, SpeculativeDecoder
 from draftsmith.core import int4_rows
 from draftsmith.core.int4_rows import GROUP_SIZE, MAX_ROWS, Int4RowsLinear
 from draftsmith.heads import DraftModelDrafter, TreeShape
+from draftsmith.heads.blocks import int4_target_lm_head
 
 pytestmark = pytest.mark.skipif(
     not int4_rows.available(nn.Linear(32, 16).bfloat16()), reason="torch has no int4 CPU kernel"
@@ -154,3 +155,35 @@ def test_a_bf16_feature_head_drafts_on_4_bit_weights_and_decodes_the_targets_gre
     policy = FixedPolicy(tree=TreeShape(top_k=3, depth=3, expand=1))
     result = SpeculativeDecoder(llama, drafter, policy=policy).generate(prompt, max_new_tokens=16)
     assert result.tokens == greedy_reference(llama, prompt, 16)
+
+
+@pytest.mark.parametrize("name", ["medusa", "mtp", "eagle"])
+def test_heads_without_an_lm_head_draft_on_a_4_bit_copy_of_the_targets(name, monkeypatch):
+    """Medusa, MTP and EAGLE-1 run the target's LM head every draft step: on a bf16 target
+    they draft on a 4-bit copy of it, swapped in for drafting only (the target verifies on its
+    own weights); not over a reduced vocabulary, on a float32 target, or with int4=False."""
+    target = tiny_model("llama", seed=0).bfloat16()
+    head = build_head(name, target).bfloat16()
+    verifying, drafted_on = [False], []
+    target.register_forward_pre_hook(lambda *_: verifying.__setitem__(0, True))
+    target.register_forward_hook(lambda *_: verifying.__setitem__(0, False))
+    forward = Int4RowsLinear.forward
+
+    def spied(layer, x):
+        assert not (layer is target.lm_head and verifying[0]), "verified on the 4-bit copy"
+        drafted_on.append(layer)
+        return forward(layer, x)
+
+    monkeypatch.setattr(Int4RowsLinear, "forward", spied)
+    drafter = head.as_drafter(target)
+    prompt = torch.tensor([1, 17, 4, 99, 23, 8])
+    policy = FixedPolicy(max_draft_tokens=3)
+    result = SpeculativeDecoder(target, drafter, policy=policy).generate(prompt, max_new_tokens=12)
+    assert len(result.tokens) == 12 and result.stats.drafted > 0
+    assert target.lm_head in drafted_on
+    assert type(target.lm_head) is nn.Linear
+    assert int4_target_lm_head(head, False) is None
+    if f"{name}-reduced" in HEADS:  # EAGLE-1 has no reduced vocabulary
+        assert int4_target_lm_head(build_head(f"{name}-reduced", target), None) is None
+    float32 = tiny_model("llama", seed=0)
+    assert int4_target_lm_head(build_head(name, float32), None) is None
