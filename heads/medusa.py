@@ -134,9 +134,8 @@ class MedusaDrafter(Drafter):
     def draft(self, request: DraftRequest) -> Draft:
         newest = len(self._features) - 1
         depth = min(request.shape.depth, self.head.num_steps - 1)
-        if (
-            newest == 0 or depth == 0
-        ):  # no feature to read yet (a one-token prompt), or a plain step
+        # No feature to read yet (a one-token prompt), or a plain step.
+        if newest == 0 or depth == 0:
             return Draft.empty()
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
         # Row k - 1: head k's guess at the token k ahead of the newest one. All heads at once:

@@ -150,7 +150,7 @@ class DynamicTree:
         """Give each of nodes (-1: the root) its children from its logits (len(nodes), V_s): the
         top_k tokens (greedy) or draws without replacement (sampling); returns the new nodes."""
         logits = logits.float()
-        # One softmax and one top-k give both the children and their confidence signals.
+        # One log-softmax and one top-k give both the children and their confidence signals.
         log_probs = logits.log_softmax(-1)
         probs = log_probs.exp()
         width = min(self.shape.top_k, probs.shape[-1])
@@ -163,8 +163,8 @@ class DynamicTree:
         # they cost less than one tensor op each.
         top_probs = top.values.tolist()
         table = [
-            self._node_signals(node, row, h, children[0])
-            for node, row, h, children in zip(nodes, top_probs, entropy.tolist(), ids, strict=True)
+            self._node_signals(node, row, h, row_ids[0])
+            for node, row, h, row_ids in zip(nodes, top_probs, entropy.tolist(), ids, strict=True)
         ]
         signals = torch.tensor(table)  # (len(nodes), len(_NODE_SIGNALS)) float32
         raw_paths = signals[:, _NODE_SIGNALS.index("path_prob")].tolist()

@@ -104,13 +104,7 @@ def confidence_signals(logits: torch.Tensor, temperature: float = 1.0) -> dict[s
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return distribution_signals(probs, probs.topk(min(2, probs.shape[-1]), dim=-1).values)
-
-
-def distribution_signals(probs: torch.Tensor, top: torch.Tensor) -> dict[str, torch.Tensor]:
-    """`confidence_signals` of draft distributions probs (k, V) (or (N, k, V)) whose largest
-    probabilities top (..., k, >= 2 or V) in descending order a caller has already found (a draft
-    tree ranks each node's children by them): no second softmax or top-k."""
+    top = probs.topk(min(2, probs.shape[-1]), dim=-1).values
     top1 = top[..., 0]
     top2 = top[..., 1] if top.shape[-1] > 1 else torch.zeros_like(top1)
     # entr(0) = 0, so masked (-inf) tokens add nothing instead of 0 * log 0 = NaN.
