@@ -16,8 +16,9 @@ from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
 from draftsmith.heads.base import TreeShape
 
 BUNDLED_PROMPTS = "bench_prompts.jsonl"
-AUTO_TREE = TreeShape(top_k=8, depth=6, total_tokens=64)
-"""The most `--tree auto` drafts per round, before its cost curve cuts it."""
+AUTO_TREE = TreeShape(top_k=8, depth=8, total_tokens=64)
+"""The most `--tree auto` drafts per round, before its cost curve cuts it; as deep as the
+default policy's chains (`max_draft_tokens`), since the cost curve's stop rule sets the depth."""
 
 
 def bundled_prompts() -> Path:
