@@ -227,6 +227,7 @@ class FeatureDrafter(Drafter):
         prepack(self.head)  # not in the first round, which a policy times
         self.int4 = int4_rows.prepare(self.head, int4)
         self._lm_head = int4_target_lm_head(self.head, int4)
+        self._int4_asked = int4  # a fork decides as this drafter did, for both
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self.state_size = head.hidden_size
@@ -245,7 +246,7 @@ class FeatureDrafter(Drafter):
         self._newest = None
 
     def fork(self) -> FeatureDrafter:
-        fork = FeatureDrafter(self.head, self.vocab_size, self.int4)
+        fork = FeatureDrafter(self.head, self.vocab_size, self._int4_asked)
         fork.expose_states(self._states_hook)
         self._forks.append(fork)
         return fork

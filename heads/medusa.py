@@ -114,10 +114,9 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, head: MedusaHead, vocab_size: int, int4: bool | None = None) -> None:
         self.head = head.eval()
-        self.int4 = int4
-        """Draft on a 4-bit copy of the target's LM head (`int4_target_lm_head`; None: where
-        available)."""
         self._lm_head = int4_target_lm_head(head, int4)
+        self.int4 = self._lm_head is not None
+        """Whether it drafts on a 4-bit copy of the target's LM head (`int4_target_lm_head`)."""
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self._d2t = head.draft_to_target()
@@ -140,7 +139,7 @@ class MedusaDrafter(Drafter):
         feature = self._features.rows(newest, newest + 1)[None]  # (1, 1, H): position n - 1
         # Row k - 1: head k's guess at the token k ahead of the newest one. All heads at once:
         # K rows through the LM head cost little more than one.
-        with int4_rows.int4_rows(self._lm_head, self._lm_head is not None):
+        with int4_rows.int4_rows(self._lm_head, self.int4):
             logits = self.head.heads_logits(feature, range(1, depth + 1))[0, -1].float()
         depth_logits = list(to_target_vocab(logits, self._d2t, self.vocab_size))
         if not request.shape.is_chain:

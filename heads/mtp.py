@@ -140,10 +140,9 @@ class MTPDrafter(Drafter):
     def __init__(self, head: MTPHead, vocab_size: int, int4: bool | None = None) -> None:
         self.head = head.eval()
         prepack(self.head)  # not in the first round, which a policy times
-        self.int4 = int4
-        """Draft on a 4-bit copy of the target's LM head (`int4_target_lm_head`; None: where
-        available)."""
         self._lm_head = int4_target_lm_head(head, int4)
+        self.int4 = self._lm_head is not None
+        """Whether it drafts on a 4-bit copy of the target's LM head (`int4_target_lm_head`)."""
         self.vocab_size = vocab_size
         self.target_feature_layers = head.target_feature_layers
         self._d2t = head.draft_to_target()
@@ -175,14 +174,14 @@ class MTPDrafter(Drafter):
         self._drop_uncommitted()  # rows built on an earlier, uncommitted draft
         sequence = list(self._committed)  # grows by each drafted token
         newest = len(self._committed) - 1
-        for k, own in enumerate(self._depths):
-            if builder.done:
-                break
-            self._extend(k, sequence, newest)
-            newest_out = own.outputs[newest : newest + 1][None]  # (1, 1, H)
-            with int4_rows.int4_rows(self._lm_head, self._lm_head is not None):
+        with int4_rows.int4_rows(self._lm_head, self.int4):
+            for k, own in enumerate(self._depths):
+                if builder.done:
+                    break
+                self._extend(k, sequence, newest)
+                newest_out = own.outputs[newest : newest + 1][None]  # (1, 1, H)
                 logits = self.head.logits(newest_out)[0, -1].float()
-            sequence.append(builder.add(to_target_vocab(logits, self._d2t, self.vocab_size)))
+                sequence.append(builder.add(to_target_vocab(logits, self._d2t, self.vocab_size)))
         self._features.release(len(self._depths[0]))
         return builder.draft()
 

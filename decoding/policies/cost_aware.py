@@ -623,9 +623,8 @@ class CostAwarePolicy(DraftPolicy):
         for draft in kept:
             parents, depths = draft.parents.tolist(), draft.depths.tolist()
             counts = Counter(parents)
-            children = max(children, *counts.values()) if counts else children
-            by_depth = Counter(depths[p] for p in counts if p >= 0)
-            expanded = max(expanded, *by_depth.values()) if by_depth else expanded
+            children = max([children, *counts.values()])
+            expanded = max([expanded, *Counter(depths[p] for p in counts if p >= 0).values()])
         top_k = min(2 * children, self.largest.top_k)
         return top_k, min(2 * expanded, top_k)
 
