@@ -1,22 +1,24 @@
-"""SDPA attention that keeps grouped key/value heads grouped under a custom mask.
+"""SDPA attention that keeps grouped key/value heads grouped, as rows of one head.
 
 transformers' `sdpa` attention gives a model with grouped-query attention (fewer key/value heads
 than query heads: SmolLM2-135M 9 / 3, Qwen2.5-Coder 12 / 2 and 14 / 2) its key/value heads
-unrepeated only where it may: one query token, or no mask. Every verification of a draft passes
-a mask (its tree, its row's padding) with more than one token, and there `sdpa` copies each
-layer's cached keys and values once per query head sharing them (`repeat_kv`): the whole
-context, every layer, every round (what it costs: benchmarks/README.md, session 34).
+unrepeated only for one query token or no mask. Every verification of a draft passes a mask (its
+tree, its row's padding) with more than one token, and there `sdpa` copies each layer's cached
+keys and values once per query head sharing them (`repeat_kv`): the whole context, every layer,
+every round (what it costs: benchmarks/README.md, session 34). For one token it passes
+`enable_gqa`, which on the CPU runs several times slower than the same attention with the heads
+stacked as rows (SmolLM2 at 300 cached positions: 182 against 38 us a layer; session 44).
 
 `grouped_sdpa_attention` stacks the queries of the heads that share a key/value head into one
-head's rows instead, as transformers does for one query token, and repeats the mask (shared by
-all heads) to match, so the keys and values are read where they lie. Each query row computes the
-same attention as before; only the rows' blocking in the kernel changes (bitwise equal at a few
-rows, within bf16 rounding of it past the kernel's block of rows). Everything else goes to
-transformers' own `sdpa` function.
+head's rows instead, and repeats the mask (shared by all heads) to match, so the keys and values
+are read where they lie: under a mask, and for one token (plain decoding steps, a draft model's
+or a head's chain). Each query row computes the same attention as before; only the rows'
+blocking in the kernel changes (bitwise equal at a few rows, within bf16 rounding of it past the
+kernel's block of rows). Everything else (several tokens attending causally without a mask: a
+prefill) goes to transformers' own `sdpa` function.
 
 `load_model` gives the models it loads with `sdpa` this implementation (`GROUPED_SDPA`); it runs
-everything a model with `sdpa` runs, one-token decoding and prefill through transformers' code
-unchanged.
+everything a model with `sdpa` runs.
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ def grouped_sdpa_attention(
     (B, H_kv, S, d), attention_mask (B, 1, n, S) or None; returns (B, n, H, d)."""
     groups = getattr(module, "num_key_value_groups", 1)
     batch, heads, n, dim = query.shape
+    # Without a mask, n > 1 tokens attend causally (transformers' is_causal), which rows stacked
+    # from several heads cannot say; one token attends to every cached key.
+    unmasked_one = attention_mask is None and n == 1
     shared_mask = attention_mask is not None and attention_mask.shape[1] == 1
-    if groups == 1 or n == 1 or not shared_mask or kwargs.get("position_bias") is not None:
+    if groups == 1 or not (unmasked_one or shared_mask) or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -57,7 +62,7 @@ def grouped_sdpa_attention(
         grouped,
         key,
         value,
-        attn_mask=attention_mask.repeat(1, 1, groups, 1),
+        attn_mask=None if attention_mask is None else attention_mask.repeat(1, 1, groups, 1),
         dropout_p=dropout,
         scale=scaling,
     )
