@@ -1,7 +1,7 @@
 """Lossy verification, opt-in: rules that accept plausible draft tokens the target would not have
 produced itself, so more of each draft survives, at the price of output that differs from the
 target's own. Each verifier says `lossy = True` and every result it makes says so too; measure
-what it costs with `decoding.fidelity`.
+what it costs with `draftsmith.evaluation.fidelity`.
 
 Both rules accept the target's own top token wherever they look at a node, so they accept at
 least what greedy verification accepts, and both work on chains and trees (rows of the target's

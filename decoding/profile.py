@@ -235,6 +235,17 @@ def _check_profile_args(
 
 
 @torch.inference_mode()
+def measure_cost_curve(model: PreTrainedModel, max_tokens: int, *, name: str = "") -> CostCurve:
+    """The target's verification cost for 1..`max_tokens` tokens with the one set of defaults
+    every caller shares: a cache of 256 positions (fewer where the model's context would not
+    hold them and the block) and `profile_target`'s repeats. Uncached: `draftsmith.build`
+    keeps it on disk."""
+    config = model.config.get_text_config()
+    positions = getattr(config, "max_position_embeddings", None) or 4096
+    context = max(min(256, positions - max_tokens), 1)
+    return profile_target(model, max_tokens=max_tokens, context=context, name=name)
+
+
 def profile_target(
     model: PreTrainedModel,
     *,

@@ -6,11 +6,11 @@ reported as ratios to plain and to the first policy.
     python scripts/compare_policies.py --target NAME --drafter SPEC --prompts FILE.jsonl \
         [--dtype float32] [--max-new-tokens 128] [--temperature 1 --top-p 0.9] \
         --policy fixed:max_draft_tokens=4 --policy cost-aware \
-        --policy cost-aware:tree=auto --policy fixed:tree=8x6x48 --policy cost-aware:raw=1 \
+        --policy cost-aware:tree=auto --policy fixed:tree=8,6,48 --policy cost-aware:raw=1 \
         [--repeats 3] [--json OUT.json]
 
-A policy is NAME[:KEY=VALUE,...] with the policy's options (`draftsmith.decoding.POLICIES`),
-tree=chain|auto|TOP_KxDEPTHxTOTAL[xEXPAND] (cost-aware's default: a sibling chain; tree=chain
+A policy is NAME[:KEY=VALUE:...] (`draftsmith.build.split_policy_spec`) with the policy's
+options (`draftsmith.decoding.POLICIES`), tree=chain|auto|TOP_K,DEPTH,TOTAL[,EXPAND] (cost-aware's default: a sibling chain; tree=chain
 or siblings=0, a bare one), raw=1 to rank drafts by raw confidence instead of the artifact's
 calibration, online=shared to recalibrate online with one correction for every drafted token
 (as `OnlineAcceptance` did before it corrected a round's first token apart from the later
@@ -22,7 +22,7 @@ draft on a draft model's or an EAGLE head's own weights or on 4-bit copies of th
 (`draftsmith.core.int4_rows`). cost-aware gets the target's stored cost curve. With --repeats N
 every prompt is decoded N times by every method, the methods' order rotating each time, and each
 method's fastest run counts (other work on a shared machine only ever adds time). A greedy output that
-differs from plain's is judged by `draftsmith.decoding.divergence` (its first diverging position
+differs from plain's is judged by `draftsmith.evaluation.divergence` (its first diverging position
 re-scored in float32 against the run's error there, plain replayed among the shapes): "identical"
 counts the prompts decoded token for token, "rounding" those whose divergence the run's
 precision explains, and every divergence goes into the JSON. Each ratio to
@@ -44,14 +44,15 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from draftsmith.commands.bench import cost_curve, parse_options, tree_options
-from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.build import AUTO_TREE, cost_curve, parse_options, split_policy_spec, tree_options
+from draftsmith.build.drafters import build_drafter
 from draftsmith.core import small_rows
 from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import load_prompts
-from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge, format_divergence
 from draftsmith.decoding.online import OnlineAcceptance
+from draftsmith.decoding.policies import DEFAULT_POLICY
+from draftsmith.evaluation.benchmark import load_prompts
+from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge, format_divergence
 from draftsmith.heads import DraftModelDrafter
 from draftsmith.heads.eagle import FeatureDrafter
 
@@ -224,14 +225,11 @@ def _replay_plain(target, tokenizer, args, batch: DivergedBatch, position: int) 
 
 
 def _parse_policy(spec: str, target, target_name: str) -> tuple[str, dict]:
-    """The policy name and options of NAME[:KEY=VALUE,...] (see the module docstring)."""
-    name, _, rest = spec.partition(":")
-    options = parse_options(rest.split(",") if rest else [])
-    if "tree" in options:
-        tree = str(options.pop("tree")).replace("x", ",")
-        options = {**tree_options(tree, name), **options}
-    if name == "cost-aware":
-        options["cost"] = cost_curve(target, target_name)
+    """The policy name and options of NAME[:KEY=VALUE:...] (see the module docstring)."""
+    name, tree, pairs = split_policy_spec(spec)
+    options = {**(tree_options(tree, name) if tree else {}), **parse_options(pairs)}
+    if name == DEFAULT_POLICY:
+        options["cost"] = cost_curve(target, target_name, max_tokens=AUTO_TREE.max_tokens + 1)
     return name, options
 
 
@@ -245,7 +243,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policy", action="append", required=True, help="NAME[:KEY=VALUE,...]")
+    parser.add_argument("--policy", action="append", required=True, help="NAME[:KEY=VALUE:...]")
     parser.add_argument("--limit", type=int)
 
 

@@ -21,7 +21,7 @@ seconds.
 --policy as in compare_policies.py. Prints a table per workload: each policy's speed over plain
 with a 90% bootstrap interval over the prompts, its mean accepted length and draft size, and
 (greedy) the prompts decoded identically and those whose divergence is rounding, judged by
-`draftsmith.decoding.divergence` with this plain loop replayed among the shapes.
+`draftsmith.evaluation.divergence` with this plain loop replayed among the shapes.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.build.drafters import build_drafter
 from draftsmith.core import small_rows
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.models import load_model
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import load_prompts
 from draftsmith.decoding.decoder import eos_token_ids
-from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge, format_divergence
+from draftsmith.evaluation.benchmark import load_prompts
+from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge, format_divergence
 
 
 def _compare_policies():

@@ -1,4 +1,4 @@
-"""Build the bundled benchmark prompt set, ``decoding/bench_prompts.jsonl``.
+"""Build the bundled benchmark prompt set, ``draftsmith/evaluation/bench_prompts.jsonl``.
 
     apt-get install -y bible-kjv fortunes jargon-text
     python scripts/make_bench_prompts.py            # rewrites the file, prints a summary

@@ -20,7 +20,7 @@ continues without a chat template, cut at a line boundary:
 - ``chat``: held-out chitchat conversations (`document_split`) as ``A: ... / B: ...``
   transcripts ending on the next speaker's cue, 100-300 tokens.
 
-The bundled benchmark's own prompts (``decoding/bench_prompts.jsonl``) are never reused.
+The bundled benchmark's own prompts (``draftsmith/evaluation/bench_prompts.jsonl``) are never reused.
 Deterministic: candidates are ordered by the sha1 of their source name (the seed) and the first
 that fit are taken. Tokens are counted with SmolLM2's tokenizer. The code and docs prompts depend
 on what is installed: these were made with Python 3.11 and the packages' versions in `PACKAGES`

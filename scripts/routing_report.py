@@ -19,13 +19,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from draftsmith.commands.bench import cost_curve
-from draftsmith.commands.drafter_spec import build_drafter, route_parts
+from draftsmith.build import AUTO_TREE, cost_curve
+from draftsmith.build.drafters import build_drafter, route_parts
 from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import Benchmark, load_prompts
 from draftsmith.decoding.policies import DEFAULT_POLICY
 from draftsmith.decoding.routing import PLAIN
+from draftsmith.evaluation.benchmark import Benchmark, load_prompts
 
 
 class RecordingDecoder(SpeculativeDecoder):
@@ -63,7 +63,7 @@ def main() -> None:
         DEFAULT_POLICY,
         max_draft_tokens=args.draft_tokens,
         acceptance=built.acceptance,
-        cost=cost_curve(target, args.target),
+        cost=cost_curve(target, args.target, max_tokens=AUTO_TREE.max_tokens + 1),
     )
     decoder = RecordingDecoder(target, built.drafter, tokenizer, policy=policy)
     bench = Benchmark(target, tokenizer, decoder, {}, max_new_tokens=args.max_new_tokens)

@@ -39,13 +39,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from draftsmith.build.drafters import build_drafter
 from draftsmith.calibration.metrics import ece, ece_debiased, nll
-from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core.models import load_model
 from draftsmith.core.signals import AcceptanceModel
 from draftsmith.decoding import FixedPolicy, RoundRecord, SpeculativeDecoder
-from draftsmith.decoding.benchmark import load_prompts
 from draftsmith.decoding.online import CORRECTION_GROUPS, OnlineAcceptance, round_outcomes
+from draftsmith.evaluation.benchmark import load_prompts
 
 Round = tuple[dict[str, torch.Tensor], torch.Tensor]
 """One round's observed tokens: their signals (each (m,)) and outcomes (m,)."""

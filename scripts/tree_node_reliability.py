@@ -28,13 +28,13 @@ from collections import defaultdict
 
 import torch
 
-from draftsmith.commands.bench import parse_tree
-from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.build.drafters import build_drafter
+from draftsmith.build.policies import parse_tree
 from draftsmith.core.models import load_model
 from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import load_prompts
+from draftsmith.evaluation.benchmark import load_prompts
 
 VARIANTS = ("raw", "scaled", "rest")
 

@@ -22,13 +22,13 @@ from draftsmith.artifact import (
     save_artifact,
     target_fingerprint,
 )
+from draftsmith.build.drafters import build_drafter
 from draftsmith.calibration import PlattScaling
-from draftsmith.commands.drafter_spec import build_drafter
 from draftsmith.core.config import config_to_dict
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.signals import confidence_signals
-from draftsmith.decoding.benchmark import Aggregate, PromptResult, PromptRun, format_table
 from draftsmith.decoding.decoder import GenerationStats
+from draftsmith.evaluation.benchmark import Aggregate, PromptResult, PromptRun, format_table
 from draftsmith.heads import Draft
 
 TRAINING = {"recipe": {"data": {"name": "tiny"}}, "steps": 5, "metrics": {"top1": 0.5}}

@@ -11,14 +11,13 @@ import pytest
 import torch
 from conftest import perturbed_copy, tiny_model
 
-from draftsmith.commands.bench import bundled_prompts
 from draftsmith.core import attention as attention_module
 from draftsmith.core.attention import use_grouped_sdpa
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
-from draftsmith.decoding.benchmark import Benchmark, format_table, load_prompts
 from draftsmith.decoding.decoder import GenerationResult, GenerationStats
-from draftsmith.decoding.divergence import (
+from draftsmith.evaluation.benchmark import Benchmark, bundled_prompts, format_table, load_prompts
+from draftsmith.evaluation.divergence import (
     FLOAT32_ULPS,
     RESCORE_BLOCKS,
     format_divergence,
@@ -224,7 +223,7 @@ def test_divergences_are_judged_by_a_float32_rescore(byte_tokenizer, caplog, dty
     )
 
     bench = Benchmark(target, byte_tokenizer, decoder, {}, max_new_tokens=new)
-    with caplog.at_level(logging.INFO, logger="draftsmith.decoding.divergence"):
+    with caplog.at_level(logging.INFO, logger="draftsmith.evaluation.divergence"):
         report = bench.run(PROMPTS[:2])
 
     overall = report["overall"]

@@ -393,7 +393,7 @@ def test_bad_policy_and_verify_flags(tmp_path, capsys, flags, message):
 def test_bad_tree_spec(tmp_path, capsys):
     file = prompts(tmp_path, '{"prompt": "x"}')
     line = fails(capsys, [*bench("unused", "ngram", file), "--tree", "3,4"])
-    assert "--tree '3,4': give chain, auto or TOP_K,DEPTH,TOTAL" in line
+    assert "tree '3,4': give chain, auto or TOP_K,DEPTH,TOTAL" in line
 
 
 def test_bench_with_an_auto_tree_profiles_once_and_plots(models, tmp_path, monkeypatch, capsys):
@@ -457,7 +457,7 @@ def test_bench_batch_size_flag_errors(tmp_path, capsys):
 
 
 def test_tree_chain_asks_the_default_policy_for_a_bare_chain():
-    from draftsmith.commands.bench import tree_options
+    from draftsmith.build.policies import tree_options
     from draftsmith.decoding.policies import DEFAULT_POLICY, build_policy
 
     def largest(spec, policy):

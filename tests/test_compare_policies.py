@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_model
 
 from draftsmith.core.sampling import SamplingParams
-from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge
+from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_policies.py"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftsmith.decoding.fidelity import (
+from draftsmith.evaluation.fidelity import (
     Decoded,
     exact_match_rate,
     fidelity,

@@ -266,15 +266,15 @@ def timed_here(tokens: list[int], verify_s: list[float], **kwargs) -> CostCurve:
 
 
 def test_bench_reads_the_curve_of_its_batch_size_where_one_is_stored(llama, tmp_path, monkeypatch):
-    from draftsmith.commands.bench import cost_curve
+    from draftsmith.build.cost_curve import cost_curve
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     one_row = timed_here([1, 2], [1.0, 2.0])
     one_row.save(CostCurve.default_path("tiny", "float32", "cpu"))
     four = timed_here([1, 2], [3.0, 4.0], rows=4)
     four.save(CostCurve.default_path("tiny", "float32", "cpu", rows=4))
-    assert cost_curve(llama, "tiny", rows=4).rows == 4
-    assert cost_curve(llama, "tiny", rows=2) == one_row  # none stored for 2 rows
+    assert cost_curve(llama, "tiny", max_tokens=65, rows=4).rows == 4
+    assert cost_curve(llama, "tiny", max_tokens=65, rows=2) == one_row  # none stored for 2 rows
 
 
 @pytest.mark.parametrize(
@@ -288,12 +288,12 @@ def test_bench_reads_the_curve_of_its_batch_size_where_one_is_stored(llama, tmp_
 def test_bench_times_again_a_curve_timed_by_another_draftsmith_cpu_or_thread_count(
     llama, tmp_path, monkeypatch, capsys, elsewhere, said
 ):
-    from draftsmith.commands.bench import cost_curve
+    from draftsmith.build.cost_curve import cost_curve
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     path = CostCurve.default_path("tiny", "float32", "cpu")
     timed_here([1, 2], [1.0, 2.0], **elsewhere).save(path)
-    measured = cost_curve(llama, "tiny")
+    measured = cost_curve(llama, "tiny", max_tokens=4)
     here = timed_here([1], [1.0])
     timed = (measured.draftsmith_version, measured.device_name, measured.torch_threads)
     assert timed == (here.draftsmith_version, here.device_name, here.torch_threads)

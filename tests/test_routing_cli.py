@@ -11,9 +11,9 @@ from conftest import tiny_model
 from head_helpers import build_head, fit
 
 from draftsmith.artifact import save_artifact
+from draftsmith.build.drafters import build_drafter, route_parts
 from draftsmith.calibration.calibrators import build_calibrator
 from draftsmith.commands.cli import main
-from draftsmith.commands.drafter_spec import build_drafter, route_parts
 from draftsmith.decoding.routing import RoutingDrafter
 from draftsmith.heads import NgramDrafter
 

@@ -16,20 +16,18 @@ import sys
 import time
 from importlib.resources import files
 
-from draftsmith.commands.bench import cost_curve, parse_options, tree_options
-from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.build import AUTO_TREE, cost_curve, parse_options, split_policy_spec, tree_options
+from draftsmith.build.drafters import build_drafter
 from draftsmith.core.models import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import Benchmark
+from draftsmith.evaluation.benchmark import Benchmark
 
 TARGET, DRAFTER, NEW_TOKENS = "qwen2.5-coder-1.5b", "draft-model:qwen2.5-coder-0.5b", 64
 
 
 def policy_of(spec: str, acceptance, curve):
-    name, _, rest = spec.partition(":")
-    options = parse_options(rest.split(",") if rest else [])
-    if "tree" in options:
-        options = {**tree_options(str(options.pop("tree")).replace("x", ","), name), **options}
+    name, tree, pairs = split_policy_spec(spec)
+    options = {**(tree_options(tree, name) if tree else {}), **parse_options(pairs)}
     if name == "cost-aware":
         options["cost"] = curve
     return build_policy(name, acceptance=acceptance, **options)
@@ -38,10 +36,10 @@ def policy_of(spec: str, acceptance, curve):
 def main(batch_size: int, specs: list[str]) -> None:
     target, tokenizer = load_model(TARGET, dtype="bfloat16")
     built = build_drafter(DRAFTER, target, tokenizer, dtype="bfloat16")
-    lines = (files("draftsmith.decoding") / "bench_prompts.jsonl").read_text().splitlines()
+    lines = (files("draftsmith.evaluation") / "bench_prompts.jsonl").read_text().splitlines()
     code = [r["prompt"] for r in map(json.loads, lines) if r["workload"] == "code"][:8]
     prompts = [tokenizer(p, return_tensors="pt").input_ids[0] for p in code]
-    curve = cost_curve(target, TARGET)
+    curve = cost_curve(target, TARGET, max_tokens=AUTO_TREE.max_tokens + 1)
     decoders = {
         spec: SpeculativeDecoder(
             target, built.drafter.fork(), tokenizer, policy=policy_of(spec, built.acceptance, curve)

@@ -17,13 +17,12 @@ from collections import defaultdict
 
 import torch
 
-from draftsmith.commands.bench import bundled_prompts
-from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.build.drafters import build_drafter
 from draftsmith.core.models import load_model
 from draftsmith.core.ragged import RaggedTarget, left_padded
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import load_prompts
+from draftsmith.evaluation.benchmark import bundled_prompts, load_prompts
 
 TIMES: dict[str, list[float]] = defaultdict(list)
 

@@ -62,7 +62,7 @@ cp $run/metrics.jsonl $out/train_metrics_$dtype.jsonl
 # the default policy and at a fixed 8 tokens a round (the drafts alone, whatever they cost).
 python scripts/compare_policies.py --target qwen2.5-coder-1.5b --dtype $dtype \
     --drafter draft-model:qwen2.5-coder-0.5b --max-new-tokens $new_tokens \
-    --prompts decoding/bench_prompts.jsonl \
+    --prompts draftsmith/evaluation/bench_prompts.jsonl \
     --policy cost-aware --policy "cost-aware:artifact=$run/drafter" \
     --policy fixed:max_draft_tokens=8 --policy "fixed:max_draft_tokens=8,artifact=$run/drafter" \
     --json $out/compare_$dtype.json

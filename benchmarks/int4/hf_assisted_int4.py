@@ -16,13 +16,13 @@ from contextlib import ExitStack
 
 import torch
 
-from draftsmith.commands.bench import cost_curve
-from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.build import AUTO_TREE, cost_curve
+from draftsmith.build.drafters import build_drafter
 from draftsmith.core import int4_rows
 from draftsmith.core.models import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.decoding.benchmark import load_prompts
+from draftsmith.evaluation.benchmark import load_prompts
 
 METHODS = ("plain", "hf_bf16", "hf_int4", "draftsmith")
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
-    parser.add_argument("--prompts", default="decoding/bench_prompts.jsonl")
+    parser.add_argument("--prompts", default="draftsmith/evaluation/bench_prompts.jsonl")
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--json")
@@ -41,7 +41,9 @@ def main() -> None:
     draft = built.hf_assist["assistant_model"]
     if not built.drafter.int4:
         parser.error("this torch or machine drafts on bf16 weights: nothing to compare")
-    policy = build_policy("cost-aware", cost=cost_curve(target, args.target))
+    policy = build_policy(
+        "cost-aware", cost=cost_curve(target, args.target, max_tokens=AUTO_TREE.max_tokens + 1)
+    )
     decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 

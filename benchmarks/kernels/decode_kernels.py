@@ -13,11 +13,11 @@ import torch
 from weight_first import use_kernel
 
 from draftsmith import SpeculativeDecoder
-from draftsmith.commands.drafter_spec import build_drafter
+from draftsmith.build.drafters import build_drafter
 from draftsmith.core.models import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import build_policy
-from draftsmith.decoding.benchmark import load_prompts
+from draftsmith.evaluation.benchmark import load_prompts
 
 METHODS = [("plain", "stock"), ("plain", "packed"), ("ours", "weight-first"), ("ours", "packed")]
 

@@ -6,24 +6,13 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Literal
 
-from draftsmith.commands.placement import TargetPlacement
+from draftsmith.build.placement import TargetPlacement
+from draftsmith.build.policies import AUTO_TREE, policy_from_spec
 from draftsmith.core.models import Dtype
 from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
-from draftsmith.heads.base import TreeShape
-
-BUNDLED_PROMPTS = "bench_prompts.jsonl"
-AUTO_TREE = TreeShape(top_k=8, depth=8, total_tokens=64)
-"""The most `--tree auto` drafts per round, before its cost curve cuts it; as deep as the
-default policy's chains (`max_draft_tokens`), since the cost curve's stop rule sets the depth."""
-
-
-def bundled_prompts() -> Path:
-    """The prompt set shipped with the package (code, chat and prose)."""
-    return Path(str(resources.files("draftsmith.decoding") / BUNDLED_PROMPTS))
+from draftsmith.evaluation.benchmark import bundled_prompts
 
 
 @dataclass(kw_only=True)
@@ -123,11 +112,11 @@ class BenchCommand(TargetPlacement):
     def run(self) -> dict:
         import torch
 
-        from draftsmith.commands.drafter_spec import build_drafter, check_spec
+        from draftsmith.build.drafters import build_drafter, check_spec
         from draftsmith.core.parallel import is_main_process, placement
         from draftsmith.decoding import SpeculativeDecoder
-        from draftsmith.decoding.benchmark import Benchmark, load_prompts
         from draftsmith.decoding.lossy import build_verifier
+        from draftsmith.evaluation.benchmark import Benchmark, load_prompts
 
         prompts = load_prompts(self.prompts, self.limit)
         check_spec(self.drafter)  # a bad drafter fails before the target loads
@@ -158,7 +147,7 @@ class BenchCommand(TargetPlacement):
             "command": " ".join(["draftsmith", *sys.argv[1:]]),
         }
         if self.plot:
-            from draftsmith.decoding.sweep import tree_size_sweep
+            from draftsmith.evaluation.sweep import tree_size_sweep
 
             report["tree_sweep"] = tree_size_sweep(bench, prompts, policy.tree or AUTO_TREE)
         if is_main_process():  # under tensor parallel every process decoded alike: one reports
@@ -167,8 +156,8 @@ class BenchCommand(TargetPlacement):
 
     def write_report(self, report: dict) -> None:
         """Print the report's table and divergences; write its plot and JSON where asked."""
-        from draftsmith.decoding.benchmark import format_table
-        from draftsmith.decoding.divergence import format_divergence
+        from draftsmith.evaluation.benchmark import format_table
+        from draftsmith.evaluation.divergence import format_divergence
 
         print(format_table(report))
         if "hf_assisted" in report:
@@ -176,7 +165,7 @@ class BenchCommand(TargetPlacement):
         for d in report["overall"]["divergences"]:
             print(format_divergence(d))
         if self.plot:
-            from draftsmith.decoding.sweep import plot_tree_sweep
+            from draftsmith.evaluation.sweep import plot_tree_sweep
 
             plot_tree_sweep(report["tree_sweep"], report["overall"], self.plot)
             print(f"wrote {self.plot}")
@@ -188,104 +177,17 @@ class BenchCommand(TargetPlacement):
     def build_policy(self, target=None, acceptance=None):
         """The --policy with its options, the drafter's acceptance model and, for cost-aware, the
         target's stored cost curve (without a target: none yet)."""
-        from draftsmith.decoding import build_policy
-
-        options = {
-            "max_draft_tokens": self.draft_tokens,
-            **tree_options(self.tree, self.policy),
-            "acceptance": acceptance,
-            **parse_options(self.policy_option),
-        }
+        fields = {}
         if self.policy == "threshold" and self.min_path_confidence is not None:
-            options["min_path_confidence"] = self.min_path_confidence
-        if self.policy == DEFAULT_POLICY and target is not None:
-            options["cost"] = cost_curve(target, self.target, rows=self.batch_size)
-        return build_policy(self.policy, **options)
-
-
-def parse_options(pairs: list[str]) -> dict[str, int | float | str]:
-    """KEY=VALUE strings as a dict, numbers as numbers."""
-    options: dict[str, int | float | str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(
-                f"policy option {pair!r}: give KEY=VALUE, e.g. rejection_threshold=0.6"
-            )
-        for kind in (int, float):
-            try:
-                options[key] = kind(value)
-                break
-            except ValueError:
-                continue
-        else:
-            options[key] = value
-    return options
-
-
-def tree_options(spec: str | None, policy: str) -> dict:
-    """The policy options a --tree value sets: `tree` (None: the policy's own draft), and for
-    chain under the default policy, whose own draft is a sibling chain, no siblings."""
-    tree = parse_tree(spec or "chain")
-    options: dict = {"tree": AUTO_TREE if tree == "auto" else tree}
-    if spec == "chain" and policy == DEFAULT_POLICY:
-        options["siblings"] = 0
-    return options
-
-
-def parse_tree(spec: str) -> TreeShape | Literal["auto"] | None:
-    """--tree's value: None for chain, "auto", or the TreeShape of TOP_K,DEPTH,TOTAL[,EXPAND]."""
-    if spec in ("chain", "auto"):
-        return None if spec == "chain" else "auto"
-    try:
-        parts = [int(part) for part in spec.split(",")]
-        if len(parts) not in (3, 4):
-            raise ValueError
-        top_k, depth, total, *expand = parts
-        return TreeShape(top_k, depth, total, expand[0] if expand else None)
-    except ValueError as error:
-        why = f" ({error})" if str(error) else ""
-        raise ValueError(
-            f"--tree {spec!r}: give chain, auto or TOP_K,DEPTH,TOTAL[,EXPAND] (integers, e.g. "
-            f"8,6,48, or 4,6,24,1 for a chain with 3 siblings a token){why}"
-        ) from None
-
-
-def cost_curve(target, name: str, rows: int = 1):
-    """The target's stored verification cost on this device (`draftsmith profile`): the curve
-    timed over `rows` rows where there is one, else the one-row curve, measured and stored now
-    when there is none, or when the stored one was timed by another draftsmith version (whose
-    forward may cost differently), on another device model or with another number of torch
-    threads (a cache directory carried to another machine)."""
-    import torch
-
-    from draftsmith import __version__
-    from draftsmith.core.parallel import is_main_process, placement
-    from draftsmith.decoding.profile import CostCurve, device_name, profile_target
-
-    where = (name, target.dtype, str(target.device), placement(target))
-    batched = CostCurve.default_path(*where, rows=rows)
-    path = CostCurve.default_path(*where)
-    here = (__version__, device_name(target.device), torch.get_num_threads())
-    for stored in ([batched] if rows > 1 else []) + [path]:
-        if stored.is_file():
-            curve = CostCurve.load(stored)
-            timed = (curve.draftsmith_version, curve.device_name, curve.torch_threads)
-            if timed == here:
-                return curve
-            if is_main_process():
-                print(
-                    f"{stored} was timed by draftsmith {timed[0] or 'before 0.3'} on "
-                    f"{timed[1] or 'an unnamed device'} with {timed[2]} torch threads; this is "
-                    f"{here[0]} on {here[1]} with {here[2]}: measuring it again"
-                )
-    if is_main_process():
-        print(f"measuring {name}'s verification cost for --tree auto (once; kept in {path})")
-    positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 4096
-    max_tokens = AUTO_TREE.max_tokens + 1
-    curve = profile_target(
-        target, max_tokens=max_tokens, context=min(256, positions - max_tokens), name=name
-    )
-    if is_main_process():
-        curve.save(path)
-    return curve
+            fields["min_path_confidence"] = self.min_path_confidence
+        return policy_from_spec(
+            self.policy,
+            options=self.policy_option,
+            tree=self.tree,
+            draft_tokens=self.draft_tokens,
+            acceptance=acceptance,
+            target=target,
+            target_name=self.target,
+            rows=self.batch_size,
+            **fields,
+        )

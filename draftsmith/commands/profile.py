@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftsmith.commands.placement import TargetPlacement
+from draftsmith.build.placement import TargetPlacement
 from draftsmith.core.models import Dtype
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class ProfileCommand(TargetPlacement):
     def run(self) -> CostCurve:
         import torch
 
-        from draftsmith.commands.drafter_spec import build_drafter, check_spec
+        from draftsmith.build.drafters import build_drafter, check_spec
         from draftsmith.core.parallel import is_main_process, placement
         from draftsmith.decoding.profile import CostCurve, profile_target
 

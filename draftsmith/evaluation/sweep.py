@@ -7,8 +7,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from draftsmith.decoding.benchmark import Benchmark
 from draftsmith.decoding.policies import FixedPolicy
+from draftsmith.evaluation.benchmark import Benchmark
 from draftsmith.heads.base import TreeShape
 
 SWEEP_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)

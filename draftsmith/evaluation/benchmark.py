@@ -7,7 +7,7 @@ above 1, prompts run in batches of that many: plain `generate` on the left-padde
 Face assisted generation decodes one sequence only, so it is not run (the report says so). A drafter without a
 Hugging Face counterpart (empty `hf_assist`, e.g. a trained head) skips assisted generation and
 reports its figures as null ("-" in the table). A greedy divergence from plain `generate` is
-judged rounding or a fault by `draftsmith.decoding.divergence` (a float32 re-score against the
+judged rounding or a fault by `draftsmith.evaluation.divergence` (a float32 re-score against the
 run's error over the forward shapes that position is computed in, plain `generate` itself
 replayed among them).
 """
@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from draftsmith.decoding.decoder import (
     check_context,
     eos_token_ids,
 )
-from draftsmith.decoding.divergence import DivergedBatch, DivergenceJudge
+from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,14 @@ def _position_counts(stats: list[GenerationStats]) -> tuple[list[int], list[int]
             drafted[i] += d
             accepted[i] += a
     return drafted, accepted
+
+
+BUNDLED_PROMPTS = "bench_prompts.jsonl"
+
+
+def bundled_prompts() -> Path:
+    """The prompt set shipped with the package (code, chat and prose)."""
+    return Path(str(resources.files("draftsmith.evaluation") / BUNDLED_PROMPTS))
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
