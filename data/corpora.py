@@ -45,7 +45,7 @@ import datasets
 from datasets import Dataset, Features, List, Value
 from datasets.exceptions import DatasetGenerationError
 
-from draftsmith.core.zoo import default_home
+from draftsmith.core.home import default_home
 
 __all__ = [
     "CHITCHAT_REQUIREMENT",

@@ -27,7 +27,7 @@ from draftsmith.core.cache import cache_argument, crop_cache
 from draftsmith.core.parallel import shards_agree
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import small_rows
-from draftsmith.core.zoo import default_home
+from draftsmith.core.home import default_home
 from draftsmith.heads.base import Drafter
 
 RERUN = "rerun `draftsmith profile --target NAME` to measure it again"

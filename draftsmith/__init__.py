@@ -17,10 +17,10 @@ _EXPORTS = {
     "FixedPolicy": "draftsmith.decoding",
     "build_policy": "draftsmith.decoding",
     "Drafter": "draftsmith.heads",
-    "fetch_model": "draftsmith.core.zoo",
+    "fetch_model": "draftsmith.zoo",
     "load_acceptance_model": "draftsmith.artifact",
     "load_drafter": "draftsmith.artifact",
-    "load_model": "draftsmith.core.models",
+    "load_model": "draftsmith.zoo",
 }
 
 __all__ = ["__version__", *_EXPORTS]

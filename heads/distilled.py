@@ -29,7 +29,8 @@ from transformers import (
 )
 
 from draftsmith.core.fingerprint import model_fingerprint
-from draftsmith.core.models import check_same_vocabulary, load_model
+from draftsmith.core.models import check_same_vocabulary
+from draftsmith.zoo import load_model
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import seeded, text_config

@@ -47,7 +47,7 @@ import torch
 from draftsmith.build import AUTO_TREE, cost_curve, parse_options, split_policy_spec, tree_options
 from draftsmith.build.drafters import build_drafter
 from draftsmith.core import small_rows
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.online import OnlineAcceptance
 from draftsmith.decoding.policies import DEFAULT_POLICY

@@ -18,7 +18,7 @@ import torch
 from accelerate import Accelerator
 
 from draftsmith.artifact import load_head
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.data.documents import DataConfig, build_dataset
 from draftsmith.train.features import OnlineFeatures, packed_rows
 from draftsmith.train.head_objective import HeadObjective

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.build.drafters import build_drafter
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.lossy import build_verifier
 from draftsmith.evaluation.fidelity import Decoded, fidelity, format_table, plot_tradeoff

@@ -40,7 +40,7 @@ from transformers import DynamicCache
 from draftsmith.build.drafters import build_drafter
 from draftsmith.core import small_rows
 from draftsmith.core.cache import cache_argument
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.decoder import eos_token_ids

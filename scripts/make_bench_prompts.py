@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from transformers import AutoTokenizer
 
-from draftsmith.core.zoo import fetch_model
+from draftsmith.zoo import fetch_model
 from draftsmith.data.corpora import (
     chitchat_conversations,
     chitchat_transcript,

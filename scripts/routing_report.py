@@ -21,7 +21,7 @@ from pathlib import Path
 
 from draftsmith.build import AUTO_TREE, cost_curve
 from draftsmith.build.drafters import build_drafter, route_parts
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.policies import DEFAULT_POLICY
 from draftsmith.decoding.routing import PLAIN

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from draftsmith.build.drafters import build_drafter
 from draftsmith.calibration.metrics import ece, ece_debiased, nll
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.signals import AcceptanceModel
 from draftsmith.decoding import FixedPolicy, RoundRecord, SpeculativeDecoder
 from draftsmith.decoding.online import CORRECTION_GROUPS, OnlineAcceptance, round_outcomes

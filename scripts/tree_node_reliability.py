@@ -30,7 +30,7 @@ import torch
 
 from draftsmith.build.drafters import build_drafter
 from draftsmith.build.policies import parse_tree
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding import SpeculativeDecoder, build_policy

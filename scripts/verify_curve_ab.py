@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from draftsmith.core import small_rows
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.decoding.profile import profile_target
 
 

@@ -18,7 +18,7 @@ from head_helpers import build_head, fit
 from draftsmith.artifact import save_artifact
 from draftsmith.commands.cli import COMMANDS, command_class, main
 from draftsmith.commands.flags import POSITIONAL, from_flags, parser_for
-from draftsmith.core.zoo import UnknownModelError
+from draftsmith.zoo import UnknownModelError
 
 REPO = Path(__file__).resolve().parents[1]
 

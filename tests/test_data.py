@@ -621,7 +621,8 @@ def test_regenerate_command_continues_text_and_answers_chat(tmp_path, tok):
 def test_real_smollm2_tokenizer_on_stdlib_and_chitchat(monkeypatch):
     from transformers import AutoTokenizer
 
-    from draftsmith.core.zoo import default_home, fetch_model
+    from draftsmith.core.home import default_home
+    from draftsmith.zoo import fetch_model
 
     monkeypatch.undo()  # the real cache, so chitchat is fetched once
     tok = AutoTokenizer.from_pretrained(fetch_model("smollm2-135m", home=default_home()))

@@ -20,7 +20,7 @@ from test_cli import bench, fails, prompts
 from test_trainer import byte_tokenizer, free_port
 
 from draftsmith.commands.cli import main
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.parallel import (
     check_tensor_parallel,
     placement,

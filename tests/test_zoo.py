@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.core import zoo
+from draftsmith.zoo import ZOO_NAMES
+from draftsmith.zoo import fetch as zoo
 
 CHUNKS = {"fake-part1": b"GGUF\x03first-chunk|", "fake-part2": b"second-chunk"}
 GGUF_BYTES = b"".join(CHUNKS.values())
@@ -77,7 +78,7 @@ def listing(home: Path) -> list[str]:
 
 
 def test_zoo_table_is_consistent():
-    assert set(zoo.ZOO_NAMES) == {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
+    assert set(ZOO_NAMES) == {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
     for name, entry in zoo.ZOO.items():
         assert entry.name == name
         assert len(entry.sha256) == 64 and int(entry.sha256, 16) >= 0
@@ -107,7 +108,7 @@ def test_fetch_unknown_name_lists_the_zoo(tmp_path):
     assert isinstance(info.value, zoo.UnknownModelError)
     message = str(info.value)
     assert "'gpt-5'" in message
-    assert all(name in message for name in zoo.ZOO_NAMES)
+    assert all(name in message for name in ZOO_NAMES)
 
 
 def test_home_defaults_to_env(monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.parallel import shards_agree, tensor_parallel_world_size
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -38,7 +38,7 @@ from transformers import (
 
 from draftsmith.artifact import load_head, save_artifact
 from draftsmith.core.config import ConfigError, config_to_dict, save_config
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.data.documents import build_dataset
 from draftsmith.heads import DraftHead, build_head, fit_draft_vocab  # registers every kind
 from draftsmith.train.acceptance import build_acceptance_head

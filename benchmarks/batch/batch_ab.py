@@ -18,7 +18,7 @@ from importlib.resources import files
 
 from draftsmith.build import AUTO_TREE, cost_curve, parse_options, split_policy_spec, tree_options
 from draftsmith.build.drafters import build_drafter
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.evaluation.benchmark import Benchmark
 

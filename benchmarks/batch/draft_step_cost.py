@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.core.cache import cache_argument
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.tree import chain_parents
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 import torch
 
 from draftsmith.build.drafters import build_drafter
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.ragged import RaggedTarget, left_padded
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy

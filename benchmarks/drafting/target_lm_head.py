@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.heads.base import DraftRequest, TreeShape

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from draftsmith.core import int4_rows
 from draftsmith.core.cache import cache_argument
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import prepack, small_rows
 
 CONTEXT = 300

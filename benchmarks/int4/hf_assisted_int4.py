@@ -19,7 +19,7 @@ import torch
 from draftsmith.build import AUTO_TREE, cost_curve
 from draftsmith.build.drafters import build_drafter
 from draftsmith.core import int4_rows
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.evaluation.benchmark import load_prompts

@@ -12,7 +12,7 @@ import time
 import torch
 
 from draftsmith.core import bf16_rows
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import small_rows
 
 target_name, tokens, rounds, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

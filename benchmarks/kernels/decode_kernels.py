@@ -14,7 +14,7 @@ from weight_first import use_kernel
 
 from draftsmith import SpeculativeDecoder
 from draftsmith.build.drafters import build_drafter
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import build_policy
 from draftsmith.evaluation.benchmark import load_prompts

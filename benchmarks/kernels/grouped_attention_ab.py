@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.cache import crop_cache
-from draftsmith.core.models import load_model
+from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.core.tree import additive_mask
 from draftsmith.heads.blocks import causal_mask

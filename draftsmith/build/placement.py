@@ -44,7 +44,7 @@ class TargetPlacement:
 
     def load_target(self, name: str, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """The target `name` and its tokenizer, placed as the flags say."""
-        from draftsmith.core.models import load_model
+        from draftsmith.zoo import load_model
 
         if self.tensor_parallel:
             return load_model(name, dtype=dtype, tensor_parallel=True)
@@ -72,7 +72,7 @@ def layer_split(name: str, devices: list[str]) -> dict[str, str]:
     from transformers import AutoConfig
 
     from draftsmith.core.parallel import split_device_map
-    from draftsmith.core.zoo import resolve_model
+    from draftsmith.zoo import resolve_model
 
     return split_device_map(AutoConfig.from_pretrained(resolve_model(name)), devices)
 

@@ -32,7 +32,8 @@ from draftsmith.calibration.pipeline import (
 )
 from draftsmith.calibration.report import format_table, format_workload_table
 from draftsmith.commands.flags import POSITIONAL, as_config
-from draftsmith.core.models import Dtype, load_model
+from draftsmith.core.models import Dtype
+from draftsmith.zoo import load_model
 from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL
 from draftsmith.data.documents import DataConfig, encode_documents, load_documents
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder

