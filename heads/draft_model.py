@@ -39,7 +39,7 @@ class DraftModelDrafter(Drafter):
     says so; None (the default) does on an accelerator, and on a CPU where the linear layers run
     on packed weights (`draftsmith.core.small_rows`), which keep several rows near one row's
     price; with stock kernels a one-row forward takes a matrix-vector path that several rows'
-    forward loses (`benchmarks/README.md`), so rows draft alone, each in its own forwards.
+    forward loses, so rows draft alone, each in its own forwards.
 
     With `int4` the draft model steps on 4-bit copies of its linear layers
     (`draftsmith.core.int4_rows`): a quarter of the bytes a step reads, some agreement with the

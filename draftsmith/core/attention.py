@@ -5,9 +5,8 @@ than query heads: SmolLM2-135M 9 / 3, Qwen2.5-Coder 12 / 2 and 14 / 2) its key/v
 unrepeated only for one query token or no mask. Every verification of a draft passes a mask (its
 tree, its row's padding) with more than one token, and there `sdpa` copies each layer's cached
 keys and values once per query head sharing them (`repeat_kv`): the whole context, every layer,
-every round (what it costs: benchmarks/README.md, session 34). For one token it passes
-`enable_gqa`, which on the CPU runs several times slower than the same attention with the heads
-stacked as rows (SmolLM2 at 300 cached positions: 182 against 38 us a layer; session 44).
+every round. For one token it passes `enable_gqa`, which on the CPU runs several times slower
+than the same attention with the heads stacked as rows.
 
 `grouped_sdpa_attention` stacks the queries of the heads that share a key/value head into one
 head's rows instead, and repeats the mask (shared by all heads) to match, so the keys and values
@@ -17,7 +16,8 @@ blocking in the kernel changes (bitwise equal at a few rows, within bf16 roundin
 kernel's block of rows). Everything else (several tokens attending causally without a mask: a
 prefill) goes to transformers' own `sdpa` function.
 
-`load_pretrained` gives the models it loads with `sdpa` this implementation (`GROUPED_SDPA`); it runs
+`load_pretrained` gives the models it loads with `sdpa` this implementation (`GROUPED_SDPA`); it
+runs
 everything a model with `sdpa` runs.
 """
 

@@ -2,16 +2,15 @@
 
 There (AVX2 CPUs: AMD EPYC up to Zen 3, Intel before Cooper Lake) neither MKL nor oneDNN
 computes bf16 matrices: torch's fallback reads the whole weight once per row of x, so a forward
-over k tokens costs about k one-token forwards (SmolLM2-135M: 4 tokens 2.8-3.2x one, 16 tokens
-7-12x), while one token in bf16 costs half what it does in float32 (a decoding step reads half
-the bytes). Speculation in bf16 then cannot pay, and in float32 it races a plain baseline twice
+over k tokens costs about k one-token forwards, while one token in bf16 costs half what it
+does in float32 (a decoding step reads half the bytes). Speculation in bf16 then cannot pay, and in float32 it races a plain baseline twice
 as slow as the machine's best. Our kernel (`csrc/bf16_rows.cpp`) reads each weight row once,
 widens it to float32 in registers and multiplies it with every row of x, accumulating in
 float32 as torch does: a few rows cost little more than one. Past `MAX_ROWS` (a prefill),
 `linear_many` widens the weight to float32 a block at a time for MKL's GEMM, at float32's speed
-where torch's fallback costs about five times that. Measured in `benchmarks/README.md`.
+where torch's fallback costs several times that.
 
-The kernel is compiled on first use (about 35 s, with the C++ compiler torch extensions use),
+The kernel is compiled on first use (tens of seconds, with the C++ compiler torch extensions use),
 into `~/.cache/draftsmith/extensions`; where that fails, or the CPU lacks AVX2 and FMA, or it has
 bf16 units (oneDNN's kernels then serve bf16 well), `available()` is false and layers stay
 torch's own.

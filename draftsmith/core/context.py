@@ -2,7 +2,7 @@
 
 Code, structured text and small models' greedy output repeat themselves, and the target accepts
 a drafted token that continues an n-gram of the prompt or the output far more often than its
-draft confidence says (benchmarks/README.md, session 39). `ContextIndex` keeps the committed
+draft confidence says. `ContextIndex` keeps the committed
 sequence's (n + 1)-grams so that a draft can ask this of every token at O(1) a token.
 """
 

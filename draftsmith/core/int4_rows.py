@@ -6,7 +6,7 @@ A drafter's weights only decide what is proposed, never what is accepted (the ta
 every token), so they may be coarser than the target's without changing a single output token:
 reading them as 4-bit integers (groups of `GROUP_SIZE` along the input, each with its own bf16
 scale and offset, rounded to nearest) makes each one-row step read a quarter of the bytes, and
-costs the drafter some agreement with the target. Measured in `benchmarks/README.md`.
+costs the drafter some agreement with the target.
 
 `quantize` packs the 4-bit copies once (kept beside the bf16 weights, which the layers still
 compute many rows with: a prompt's reading); within an `int4_rows` block the layers that have a
@@ -31,7 +31,7 @@ models come in, so their 4-bit tensors are represented almost as they were."""
 
 MAX_ROWS = 8
 """Most rows computed on the 4-bit weight; above, unpacking it costs more than reading the bf16
-weight (`benchmarks/README.md`)."""
+weight."""
 
 _QUANTIZED: WeakKeyDictionary[nn.Module, tuple] = WeakKeyDictionary()
 """Each quantized layer's packed 4-bit weight and (groups, out_features, 2) scales and offsets,

@@ -3,10 +3,9 @@
 Decoding runs 1 to 64 new positions through every linear layer. In float32 on the CPU,
 `F.linear(x, W)` asks MKL's sgemm for x @ W^T, which for a few rows of x costs about one more
 pass over the weight than the work needs (by all appearances a packing copy of it): a forward
-over two tokens costs 1.6-2x one over a single token, though both read each weight once, and
-MKL's small-row kernels reach a fraction of the machine's flops from 5 rows on. oneDNN's inner
-product on a weight reordered once into its blocked layout is faster at one row and costs 1.1x
-to 1.9x that for 2 to 12 rows (MKL: up to 3.1x). Measured in `benchmarks/README.md`.
+over two tokens costs far more than one over a single token, though both read each weight once.
+oneDNN's inner product on a weight reordered once into its blocked layout is faster at one row
+and grows more slowly with the rows.
 
 The packed weight is a second copy of each swapped layer's weight, made by `prepack` (decoders
 and drafters call it at load) or on first use, and kept while the layer lives (repacked when the
@@ -128,7 +127,7 @@ than a one-token forward can spare."""
 
 _INSIDE: WeakSet[nn.Module] = WeakSet()
 """The models within a block now: a nested block (a decoder's forward inside its generation's
-block) returns at once: classifying 200 layers again would cost a round about 0.15 ms."""
+block) returns at once rather than classifying every layer again."""
 
 
 @contextmanager
