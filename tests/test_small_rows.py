@@ -36,7 +36,6 @@ def test_small_rows_linear_computes_what_linear_does(rows, bias):
 
 @pytest.mark.parametrize("onednn_bf16", [True, False])
 def test_small_rows_swaps_linears_within_the_block_only(monkeypatch, onednn_bf16):
-    monkeypatch.setattr(small_rows_module.bf16_rows, "available", lambda: False)
     monkeypatch.setattr(small_rows_module, "_onednn_bf16", lambda: onednn_bf16)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).bfloat16(), nn.Embedding(4, 8))
     bf16_class = SmallRowsLinear if onednn_bf16 else nn.Linear

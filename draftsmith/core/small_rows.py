@@ -12,9 +12,8 @@ and drafters call it at load) or on first use, and kept while the layer lives (r
 weight changes); DRAFTSMITH_SMALL_ROWS=0 turns the whole mechanism off.
 
 bfloat16 layers are packed for oneDNN too where it has bf16 kernels (AVX-512 BF16, AMX): there
-F.linear in bf16 gives the same bits at 1.2-2x the time for 1 to 32 rows (measured on a Zen 4
-EPYC). On CPUs without them (AVX2 without AVX-512 or AMX) bf16 layers become `Bf16RowsLinear`,
-on draftsmith's own kernel (`bf16_rows`).
+F.linear in bf16 gives the same bits, more slowly. On CPUs without them `--dtype auto` runs
+float32, so bf16 layers there stay torch's own.
 """
 
 from __future__ import annotations
@@ -30,8 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
-
-from draftsmith.core import bf16_rows
 
 MAX_ROWS = 64
 """Most rows computed on the packed weight; above, F.linear (a prefill or a training batch) is
@@ -83,41 +80,23 @@ class SmallRowsLinear(nn.Linear):
         )
 
 
-class Bf16RowsLinear(nn.Linear):
-    """`nn.Linear` computing bf16 rows without autograd on draftsmith's kernel (`bf16_rows`):
-    up to its `MAX_ROWS` in one pass over the weight, more (a prefill) as float32 GEMMs on
-    blocks of it; a forward that records gradients runs F.linear."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if rows == 0 or torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        if rows <= bf16_rows.MAX_ROWS:
-            return bf16_rows.linear(x, self.weight, self.bias)
-        return bf16_rows.linear_many(x, self.weight, self.bias)
-
-
 def _small_rows_class(weight: torch.Tensor) -> type[nn.Linear] | None:
     """The class a layer with this weight computes few rows with, or None to leave it: plain
-    float32 CPU weights and bf16 ones where oneDNN has bf16 kernels (packed for oneDNN), and
-    bf16 CPU weights where our kernel is needed and built (a sharded weight computes its own
-    way; accelerators do not go through these)."""
+    float32 CPU weights and bf16 ones where oneDNN has bf16 kernels, both packed for oneDNN (a
+    sharded weight computes its own way; accelerators do not go through these)."""
     if weight.device.type != "cpu" or isinstance(weight, DTensor):
         return None
     if weight.dtype == torch.float32:
         return SmallRowsLinear
-    if weight.dtype == torch.bfloat16:
-        if bf16_rows.available():
-            return Bf16RowsLinear
-        if _onednn_bf16():
-            return SmallRowsLinear
+    if weight.dtype == torch.bfloat16 and _onednn_bf16():
+        return SmallRowsLinear
     return None
 
 
 @cache
 def _onednn_bf16() -> bool:
     """oneDNN has bf16 kernels on this CPU (AVX-512 BF16 or AMX): a bf16 weight packed for them
-    computes few rows at 1.2-2x the speed of F.linear's, to the same bits."""
+    computes few rows faster than F.linear does, to the same bits."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
@@ -132,24 +111,17 @@ block) returns at once rather than classifying every layer again."""
 
 @contextmanager
 def small_rows(model: nn.Module, rows: int | None = None) -> Iterator[None]:
-    """Within the block, model's float32 CPU `nn.Linear` layers are `SmallRowsLinear` and its
-    bf16 ones `SmallRowsLinear` where oneDNN has bf16 kernels or `Bf16RowsLinear` where ours is
-    needed (the same parameters), and plain `nn.Linear` again after it, even on an error. rows:
-    the positions (batch x tokens) of the one forward the block runs, to skip the swap where it
-    would change nothing; None for a block of many forwards (Hugging Face's `generate`), each
+    """Within the block, model's float32 CPU `nn.Linear` layers, and its bf16 ones where oneDNN
+    has bf16 kernels, are `SmallRowsLinear` (the same parameters), and plain `nn.Linear` again
+    after it, even on an error. rows: the positions (batch x tokens) of the one forward the
+    block runs, to skip the swap where it would change nothing (past MAX_ROWS F.linear runs as
+    fast as a packed weight); None for a block of many forwards (Hugging Face's `generate`), each
     dispatched by its own rows. Nested blocks leave the layers to the outermost; with `ENABLED`
     false the block changes nothing."""
-    if not ENABLED or rows == 0 or model in _INSIDE:
+    if not ENABLED or rows == 0 or (rows is not None and rows > MAX_ROWS) or model in _INSIDE:
         yield
         return
-    # Many rows: F.linear runs as fast as a packed weight; bf16 on our kernel still needs
-    # `Bf16RowsLinear`.
-    many = rows is not None and rows > MAX_ROWS
-    swapped = [
-        (m, cls)
-        for m, cls in _linears(model)
-        if type(m) is nn.Linear and not (many and cls is SmallRowsLinear)
-    ]
+    swapped = [(m, cls) for m, cls in _linears(model) if type(m) is nn.Linear]
     # object.__setattr__: nn.Module's own __setattr__ costs microseconds per layer.
     for module, cls in swapped:
         object.__setattr__(module, "__class__", cls)
