@@ -1,15 +1,15 @@
 """Calibration: collect drafted tokens' confidence and outcomes, fit calibrators, report.
 
-collect (signals from `draftsmith.core.signals`, outcomes) -> calibrators (kinds, auto
-selection) -> calibration.json (`io`) -> metrics, plots and report; `pipeline` runs them end to
-end. Collection, the pipeline, plots and the report load on first use, so the decoder loading a
-calibrator pays for neither datasets nor matplotlib.
+held-out data (`heldout`: which collection it takes) -> collect (signals from
+`draftsmith.core.signals`, outcomes; `collect_heldout` with a loaded head) -> calibrators (kinds,
+auto selection) -> calibration.json (`io`) -> metrics, plots and report; `pipeline` runs them end
+to end; `evaluate` scores an existing calibrator per workload. Calibrating an artifact by its
+path (loading its head) is `draftsmith.artifact.calibrate_artifact`, a layer up. Collection, the
+pipeline, plots and the report load on first use, so the decoder loading a calibrator pays for
+neither datasets nor matplotlib.
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import Any
 
 from draftsmith.calibration.calibrators import (
     Calibrator,
@@ -40,14 +40,20 @@ from draftsmith.calibration.metrics import (
     nll,
 )
 from draftsmith.calibration.selection import AutoCalibrator
+from draftsmith.core.lazy import lazy_exports
 
 _LAZY = {
     "collect_from_decoding": "collect",
     "collect_teacher_forced": "collect",
+    "collect_heldout": "collect",
+    "HeldOutData": "heldout",
+    "load_heldout": "heldout",
+    "read_heldout_jsonl": "heldout",
     "CalibrateConfig": "pipeline",
     "calibrate_records": "pipeline",
     "prompt_windows": "pipeline",
     "evaluate_calibration": "evaluate",
+    "evaluation_report": "evaluate",
     "metrics_by_workload": "evaluate",
     "PLOT_FILES": "plots",
     "plot_reliability": "plots",
@@ -61,10 +67,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

@@ -24,6 +24,9 @@ Two ways to get them:
   the expectation over the draft token, sum_x min(p(x), q(x)), which has the same mean given the
   signals as min(1, p(x) / q(x)) with less noise; under sampling the chain condition (greedy
   tokens) only approximates a sampled context after step 0.
+
+`collect_heldout` runs the collection held-out data takes (`draftsmith.calibration.heldout`)
+with a loaded head and target.
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ from datasets import Dataset
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
+from draftsmith.calibration.heldout import HeldOutData
+from draftsmith.calibration.pipeline import CalibrateConfig
 from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
 from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL, SIGNAL_NAMES, confidence_signals
 from draftsmith.core.target import Target, TargetBatch
-from draftsmith.decoding import RoundRecord, SpeculativeDecoder
+from draftsmith.decoding import FixedPolicy, RoundRecord, SpeculativeDecoder
 from draftsmith.heads.acceptance import AcceptanceHead, chain_labels, chain_outcomes, chain_signals
 from draftsmith.heads.base import Draft
 from draftsmith.heads.learned_acceptance import LearnedAcceptance
@@ -267,3 +272,45 @@ def _right_padded(
         ids[row, : doc_ids.numel()] = doc_ids
         mask[row, : doc_mask.numel()] = doc_mask
     return ids, mask
+
+
+def collect_heldout(
+    data: HeldOutData,
+    head: DraftHead,
+    target: PreTrainedModel,
+    tokenizer,
+    config: CalibrateConfig,
+    *,
+    acceptance: AcceptanceHead | None = None,
+    draft_tokens: int = 4,
+    min_documents: int = 2,
+) -> Dataset:
+    """The drafted-token records of `head` (bound to `target`) on held-out data, collected as
+    `data.collect` says: teacher-forced over its documents, or from decoding its prompts with
+    chains of up to `draft_tokens` tokens, each record then carrying its prompt's `workload`.
+
+    config: the temperature (0, greedy, still reads the signals at temperature 1), seq_len and
+    max_tokens (teacher-forced), prompt_tokens, max_new_tokens, max_prompts and seed (decode).
+    acceptance: the head's learned acceptance head, whose P(accept) the records carry as the
+    `acceptance_head` signal. min_documents: see `HeldOutData.encoded`.
+    """
+    temperature = config.temperature if config.temperature > 0 else 1.0
+    if data.collect == "teacher-forced":
+        documents = data.encoded(tokenizer, config, min_documents)
+        return collect_teacher_forced(
+            head, target, documents, temperature=temperature, acceptance=acceptance
+        )
+    policy = FixedPolicy(max_draft_tokens=draft_tokens)
+    drafter = head.as_drafter(target)
+    decoder = SpeculativeDecoder(target, drafter, tokenizer, policy=policy)
+    prompts, workloads = data.prompts(tokenizer, config)
+    records = collect_from_decoding(
+        decoder,
+        prompts,
+        max_new_tokens=config.max_new_tokens,
+        temperature=temperature,
+        decode_temperature=config.temperature,
+        seed=config.seed,
+        acceptance=None if acceptance is None else LearnedAcceptance(acceptance, drafter),
+    )
+    return records.add_column("workload", [workloads[s] for s in records["source"]])

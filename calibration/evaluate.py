@@ -25,6 +25,22 @@ def outcome_column(temperature: float) -> str:
     return "accept_prob" if temperature > 0 else "accepted"
 
 
+def evaluation_report(
+    records: Dataset, calibrator: Calibrator | None, *, temperature: float, n_bins: int = 15
+) -> dict:
+    """`evaluate_calibration` of the outcome a calibration at `temperature` predicts, with what
+    it scored: {"outcome", "temperature", "n_bins", "calibrator" (its `to_dict`, or None: raw
+    only), "workloads", "overall"}."""
+    outcome = outcome_column(temperature)
+    return {
+        "outcome": outcome,
+        "temperature": temperature,
+        "n_bins": n_bins,
+        "calibrator": None if calibrator is None else calibrator.to_dict(),
+        **evaluate_calibration(records, calibrator, outcome=outcome, n_bins=n_bins),
+    }
+
+
 def evaluate_calibration(
     records: Dataset, calibrator: Calibrator | None, *, outcome: str, n_bins: int = 15
 ) -> dict:

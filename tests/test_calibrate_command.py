@@ -12,10 +12,17 @@ from conftest import tiny_model
 from datasets import Dataset
 from head_helpers import build_head, fit
 
-from draftsmith.artifact import save_artifact
-from draftsmith.calibration import Calibrator, calibration_metrics
+from draftsmith.artifact import (
+    calibrate_artifact,
+    evaluate_artifact,
+    prepare_calibration,
+    save_artifact,
+)
+from draftsmith.calibration import CalibrateConfig, Calibrator, calibration_metrics
+from draftsmith.calibration.io import write_json
 from draftsmith.commands.calibrate import CalibrateCommand
 from draftsmith.commands.cli import main
+from draftsmith.zoo import load_model
 
 DECODE_FLAGS = ["--dtype", "float32", "--max-prompts", "12", "--max-new-tokens", "12"]
 
@@ -196,3 +203,47 @@ def test_json_inside_the_artifact_is_refused(artifact, traffic):
     )
     with pytest.raises(ValueError, match="lies inside the artifact"):
         command.run()
+
+
+def test_the_library_calibrates_and_evaluates_as_the_command_does(
+    target_dir, artifact, traffic, tmp_path
+):
+    """calibrate_artifact / evaluate_artifact, called without the CLI on a loaded target,
+    write and return what `draftsmith calibrate` (with and without --evaluate-only) does."""
+    flags = ["--target", str(target_dir), "--data", traffic, *DECODE_FLAGS, "--method", "platt"]
+    by_command = tmp_path / "by_command"
+    shutil.copytree(artifact, by_command)
+    command_json = tmp_path / "command.json"
+    main(["calibrate", str(by_command), *flags, "--json", str(command_json)])
+    main(["calibrate", str(by_command), *flags, "--evaluate-only", "--json", str(command_json)])
+    evaluated_by_command = json.loads(command_json.read_text())
+
+    target, tokenizer = load_model(str(target_dir), dtype="float32")
+    config = CalibrateConfig(method="platt", max_prompts=12, max_new_tokens=12)
+    result = calibrate_artifact(
+        artifact, target, tokenizer, traffic, config, target_name=str(target_dir)
+    )
+    saved = json.loads((artifact / "calibration.json").read_text())
+    # The command's payload names its own artifact directory; everything else is the same.
+    expected = json.loads((by_command / "calibration.json").read_text())
+    assert expected.pop("artifact") == str(by_command) and saved.pop("artifact") == str(artifact)
+    assert saved == expected and saved["config"]["collect"] == "decode"
+    assert result["kind"] == "platt" and result["n_eval"] == saved["n_eval"]
+    assert (artifact / "calibration" / "records.parquet").is_file()
+
+    before = files_of(artifact)
+    report = evaluate_artifact(
+        artifact, target, tokenizer, traffic, config=config, target_name=str(target_dir)
+    )
+    assert files_of(artifact) == before
+    assert report["collect"] == "decode" and report["calibrator"]["kind"] == "platt"
+    # As the command's --json writes it (NaN as null).
+    report = json.loads(write_json(tmp_path / "library.json", report).read_text())
+    assert report.pop("artifact") == str(artifact)
+    assert evaluated_by_command.pop("artifact") == str(by_command)
+    assert report == evaluated_by_command
+
+
+def test_the_library_refuses_prompt_only_data_for_teacher_forced(artifact, traffic):
+    with pytest.raises(ValueError, match="drop --collect teacher-forced"):
+        prepare_calibration(artifact, traffic, collect="teacher-forced")

@@ -15,6 +15,9 @@ upgraded on read), the kind is known and the head config fits its config class (
 `read_artifact_config` checks without a target), the target is the one the head was trained for
 (vocabulary, then fingerprint), the tensors are intact and exactly the ones the head has, finite,
 and not all still at their initialisation.
+
+`calibrate_artifact` / `evaluate_artifact` calibrate an artifact's confidence on held-out data
+(writing calibration.json) or score its calibration (`draftsmith.artifact.calibrate`).
 """
 
 from draftsmith.artifact.files import (
@@ -34,6 +37,20 @@ from draftsmith.artifact.load import (
     read_artifact_config,
 )
 from draftsmith.artifact.save import model_card, own_tensors, save_artifact
+from draftsmith.core.lazy import lazy_exports
+
+# Calibration collects with datasets and the decoder: loaded on first use, so loading a drafter
+# pays for neither.
+_LAZY = {
+    "ArtifactCalibration": "calibrate",
+    "calibrate_artifact": "calibrate",
+    "evaluate_artifact": "calibrate",
+    "prepare_calibration": "calibrate",
+}
+
+
+__getattr__ = lazy_exports(__name__, _LAZY)
+
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -51,4 +68,5 @@ __all__ = [
     "read_artifact_config",
     "save_artifact",
     "target_fingerprint",
+    *_LAZY,
 ]
