@@ -181,6 +181,26 @@ def build_decoder_layer(target_config: PretrainedConfig) -> tuple[nn.Module, nn.
     return layers[0], rotary
 
 
+ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")
+"""A rotary embedding's frequency buffers: transformers, the target in any precision, training
+and the serving engines keep them in float32; rounded to bf16 they move every angle (far more
+at long range), and the head's drafts drift from what an engine computes."""
+
+
+def to_target_precision(module: nn.Module, device: torch.device | str, dtype: torch.dtype) -> None:
+    """Move `module` to `device` and cast its floating parameters and buffers to `dtype`, keeping
+    every rotary embedding's frequency buffers (`ROTARY_BUFFERS`) in float32."""
+    kept = {
+        name: buffer
+        for name, buffer in module.named_buffers()
+        if name.rpartition(".")[2] in ROTARY_BUFFERS
+    }
+    module.to(device=device, dtype=dtype)
+    for name, buffer in kept.items():
+        owner, _, leaf = name.rpartition(".")
+        module.get_submodule(owner)._buffers[leaf] = buffer.to(device=device, dtype=torch.float32)
+
+
 def layer_inputs(
     hidden: torch.Tensor,
     positions: torch.Tensor,

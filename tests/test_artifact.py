@@ -18,6 +18,7 @@ from draftsmith.artifact import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     UntrainedDrafterError,
+    load_head,
     read_artifact_config,
     save_artifact,
     target_fingerprint,
@@ -30,6 +31,7 @@ from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding.decoder import GenerationStats
 from draftsmith.evaluation.benchmark import Aggregate, PromptResult, PromptRun, format_table
 from draftsmith.heads import Draft
+from draftsmith.heads.blocks import ROTARY_BUFFERS
 
 TRAINING = {"recipe": {"data": {"name": "tiny"}}, "steps": 5, "metrics": {"top1": 0.5}}
 
@@ -154,6 +156,23 @@ def test_fingerprint_survives_casting_but_not_another_checkpoint(target):
     assert target_fingerprint(half) == fingerprint
     assert target_fingerprint(tiny_model("llama", seed=7)) != fingerprint  # same config
     assert target_fingerprint(tiny_model("qwen2", seed=0)) != fingerprint
+
+
+def _rotary_frequencies(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: b for n, b in module.named_buffers() if n.rpartition(".")[2] in ROTARY_BUFFERS}
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "distilled"])
+def test_a_head_on_a_bf16_target_keeps_its_rotary_frequencies_in_float32(artifacts, name):
+    trained, path = artifacts(name)
+    half = tiny_model("llama", seed=0).to(torch.bfloat16)
+    half.config.name_or_path = "tiny-llama-a"
+    loaded = load_head(path, half)
+    want, got = _rotary_frequencies(trained), _rotary_frequencies(loaded)
+    assert got and got.keys() == want.keys()
+    for name_, frequencies in got.items():
+        assert frequencies.dtype == torch.float32 and torch.equal(frequencies, want[name_])
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
 
 
 def test_loading_onto_another_target_names_both(artifact):

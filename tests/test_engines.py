@@ -3,6 +3,7 @@ convention the engines differ on is converted both ways, and bad input is refuse
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -59,7 +60,6 @@ CASES = [
     ("eagle3", {}, "sglang"),
     ("eagle3", {"draft_vocab_size": 64}, "sglang"),
     ("eagle3", {"norm_before_fc": True}, "speculators"),
-    ("eagle3", {"norm_before_fc": True, "draft_vocab_size": 64}, "sglang"),
     ("eagle3", {"norm_before_residual": True, "draft_vocab_size": 64}, "speculators"),
     ("medusa", {"num_steps": 4}, "vllm-medusa"),
     ("medusa", {"num_steps": 3, "draft_vocab_size": 64}, "vllm-medusa"),
@@ -126,6 +126,27 @@ def test_exported_configs_say_what_the_engines_read(target, tmp_path):
     assert "midlayer.hidden_norm.weight" in names and not any(
         n.startswith("layers.") for n in names
     )
+
+
+def test_sglang_export_refuses_a_norm_before_fc_head_naming_speculators(target, tmp_path):
+    """SGLang's EAGLE-3 loader skips input_norm.weight: the head would be served without it."""
+    head = _head("eagle3", target, norm_before_fc=True)
+    with pytest.raises(ValueError, match="norm_before_fc.*--format speculators"):
+        export_head(head, target, tmp_path / "sgl", "sglang", verifier="t")
+    assert not (tmp_path / "sgl").exists()
+
+
+def test_an_imported_head_on_a_bf16_target_keeps_its_rotary_frequencies_in_float32(
+    target, tmp_path
+):
+    head = _head("eagle3", target)
+    export_head(head, target, tmp_path / "spec", "speculators", verifier="t")
+    half = copy.deepcopy(target).to(torch.bfloat16)
+    imported = import_head(tmp_path / "spec", half)
+    frequencies = [b for n, b in imported.named_buffers() if n.endswith("inv_freq")]
+    want = [b for n, b in head.named_buffers() if n.endswith("inv_freq")]
+    assert frequencies and all(b.dtype == torch.float32 for b in frequencies)
+    assert all(torch.equal(a, b) for a, b in zip(frequencies, want, strict=True))
 
 
 def test_a_full_vocabulary_head_states_its_size_for_sglang(target, tmp_path):

@@ -25,6 +25,7 @@ from draftsmith.core.config import ConfigError
 from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL, AcceptanceModel
 from draftsmith.heads import Drafter
 from draftsmith.heads.acceptance import AcceptanceHead
+from draftsmith.heads.blocks import to_target_precision
 from draftsmith.heads.learned_acceptance import LearnedAcceptance
 from draftsmith.heads.trainable import DraftHead, head_class, head_config
 
@@ -117,7 +118,7 @@ def load_head(
     _check_trained(head, tensors, path, allow_untrained)
     head.load_state_dict(tensors, strict=False)  # tied aliases are filled through their storage
     # integer buffers (d2t) keep their dtype
-    head.to(device=target.device, dtype=dtype or target.dtype)
+    to_target_precision(head, target.device, dtype or target.dtype)
     return head.eval()
 
 

@@ -30,6 +30,7 @@ from draftsmith.artifact.engines.eagle3 import (
 from draftsmith.artifact.engines.medusa import read_medusa_repo, read_vllm_medusa, write_vllm_medusa
 from draftsmith.artifact.save import own_tensors
 from draftsmith.artifact.staging import staged_directory
+from draftsmith.heads.blocks import to_target_precision
 from draftsmith.heads.trainable import DraftHead, head_class, head_config
 
 EXPORT_FORMATS = ("speculators", "sglang", "vllm-medusa")
@@ -113,7 +114,7 @@ def import_head(path: str | os.PathLike, target: PreTrainedModel) -> DraftHead:
     head.bind_target(target)
     check_tensors(own_tensors(head), state, where, fix="is it a head for this target?")
     head.load_state_dict(state, strict=False)
-    head.to(device=target.device, dtype=target.dtype)
+    to_target_precision(head, target.device, target.dtype)
     return head.eval()
 
 

@@ -113,6 +113,12 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path) -> None:
             "with --format speculators (vLLM serves it) or train with "
             "head_args.norm_before_residual=false"
         )
+    if head.input_norm is not None:
+        raise ValueError(
+            "the head was trained with norm_before_fc (a norm on the fused features), whose "
+            "weight (input_norm.weight) SGLang's EAGLE-3 loader skips: export it with --format "
+            "speculators (vLLM serves it) or train with head_args.norm_before_fc=false"
+        )
     ids = engine_layer_ids(list(head.target_feature_layers), layers, "sglang")
     vocab = text.vocab_size
     d2t = head.d2t if head.draft_vocab_size is not None else torch.arange(vocab)
