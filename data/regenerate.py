@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -67,6 +67,9 @@ class RegenerateConfig:
     output already holds: rerunning the same call writes nothing more; None: all."""
     prompt_tokens: int = 64
     """`continue_texts`: prompt length, in whole lines of at least this many tokens."""
+    max_prompt_tokens: int | None = None
+    """`continue_texts`: windows longer than this are skipped (a line too long to cut at a line
+    boundary would pad its whole batch to its length); None: 4 x prompt_tokens."""
     prompts_per_document: int = 4
     """`continue_texts`: windows cut from each document (fewer from short ones)."""
     max_turns: int | None = None
@@ -120,7 +123,10 @@ def regenerate(
         conversations = _answer(batch, model, tokenizer, config)
         return [{"id": r["id"], "messages": m} for r, m in zip(batch, conversations, strict=True)]
 
-    return _append_batches(records, answered, out_path, config)
+    def length(record: dict[str, Any]) -> int:
+        return sum(len(str(m.get("content", ""))) for m in record["messages"])
+
+    return _append_batches(records, answered, out_path, config, size=length)
 
 
 def continue_texts(
@@ -155,7 +161,7 @@ def continue_texts(
         completions = _generate(texts, model, tokenizer, config, add_special_tokens=True)
         return [{**r, "completion": c} for r, c in zip(batch, completions, strict=True)]
 
-    return _append_batches(prompts, continued, out_path, config)
+    return _append_batches(prompts, continued, out_path, config, size=lambda r: len(r["prompt"]))
 
 
 def text_prompts(
@@ -163,9 +169,9 @@ def text_prompts(
 ) -> Iterator[tuple[str, str]]:
     """Up to ``config.prompts_per_document`` (id, prompt) pairs of one text document.
 
-    A prompt is a run of whole lines, starting at a non-blank line and at least
-    ``config.prompt_tokens`` tokens long, with at least one line after it (the target continues
-    mid-document, as a code-completion request does). Windows do not overlap; their starts are
+    A prompt is a run of whole lines, starting at a non-blank line, at least
+    ``config.prompt_tokens`` and at most ``config.max_prompt_tokens`` tokens long, with at least
+    one line after it (the target continues mid-document, as a code-completion request does). Windows do not overlap; their starts are
     drawn with a generator seeded by the document id (and ``config.seed``), so the same document
     always gives the same prompts.
     """
@@ -177,6 +183,7 @@ def text_prompts(
         if lines
         else []
     )
+    longest = config.max_prompt_tokens or 4 * config.prompt_tokens
     windows = []  # (first line, stop line) of each candidate window
     start = 0
     while start < len(lines):
@@ -185,7 +192,7 @@ def text_prompts(
             tokens, stop = tokens + counts[stop], stop + 1
         if tokens < config.prompt_tokens or stop >= len(lines):
             break
-        if lines[start].strip():
+        if lines[start].strip() and tokens <= longest:
             windows.append((start, stop))
         start += 1
     rng = random.Random(f"{config.seed}:{document['id']}")
@@ -206,13 +213,16 @@ def _append_batches(
     produce: Any,
     out_path: str | Path,
     config: RegenerateConfig,
+    size: Callable[[dict[str, Any]], int],
 ) -> int:
     """Write ``produce(batch)``, a batch at a time, for each of the first
     ``config.max_records`` records whose id is not yet in `out_path`; returns how many were
-    written."""
+    written. Batches hold records of similar `size` (the records in order of it), so a long one
+    pads only its own kind, not a batch of short ones."""
     out_path = Path(out_path)
     done = completed_ids(out_path)
     todo = [r for r in islice(records, config.max_records) if r["id"] not in done]
+    todo.sort(key=size)
     if config.do_sample:
         torch.manual_seed(config.seed)
     out_path.parent.mkdir(parents=True, exist_ok=True)

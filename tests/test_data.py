@@ -24,6 +24,7 @@ from draftsmith.commands.data import PrepareDataCommand
 from draftsmith.commands.flags import from_flags, parser_for
 from draftsmith.core.config import config_from_dict
 from draftsmith.data import corpora
+from draftsmith.data import regenerate as regenerate_module
 from draftsmith.data.documents import (
     METADATA_FILE,
     ChatTemplateError,
@@ -544,6 +545,43 @@ def test_text_prompts_are_disjoint_line_windows_fixed_by_the_document(tok):
         list(text_prompts({"id": "c", "text": None, "messages": CONVERSATION}, tok, config))
 
 
+def test_text_prompts_skip_a_window_longer_than_the_cap(tok):
+    """A line too long to cut at a line boundary would pad its whole batch to its length."""
+    long_line = "x = [" + ", ".join(str(i) for i in range(400)) + "]\n"
+    document = {"id": "m.py", "text": long_line + CODE, "messages": None}
+    config = RegenerateConfig(prompt_tokens=12, prompts_per_document=50)
+    longest = 4 * config.prompt_tokens
+    prompts = [prompt for _, prompt in text_prompts(document, tok, config)]
+    assert prompts and all(
+        len(tok(p, add_special_tokens=False)["input_ids"]) <= longest for p in prompts
+    )
+    assert not any(p.startswith("x = [") for p in prompts)
+    uncapped = replace(config, max_prompt_tokens=10_000)
+    assert any(p.startswith("x = [") for _, p in text_prompts(document, tok, uncapped))
+
+
+def test_continue_texts_batches_prompts_of_similar_length(tmp_path, tok, monkeypatch):
+    batches = []
+
+    def fake_generate(prompts, *args, **kwargs):
+        batches.append([len(p) for p in prompts])
+        return ["" for _ in prompts]
+
+    monkeypatch.setattr(regenerate_module, "_generate", fake_generate)
+    documents = [
+        {"id": f"d{i}", "text": "\n".join(["y" * (5 + 40 * (i % 3))] * 6) + "\n", "messages": None}
+        for i in range(6)
+    ]
+    config = RegenerateConfig(
+        prompt_tokens=1, max_prompt_tokens=1_000, prompts_per_document=1, batch_size=2
+    )
+    assert continue_texts(documents, None, tok, tmp_path / "out.jsonl", config) == 6
+    assert [length for batch in batches for length in batch] == sorted(
+        length for batch in batches for length in batch
+    )
+    assert all(len(set(batch)) == 1 for batch in batches)  # each batch one length here
+
+
 def test_completion_mask_is_exactly_the_completion(tok):
     ids, mask = encode_completion("def add(a, b):\n", "    return a + b\n", tok)
     runs = masked_runs(ids, mask)
@@ -567,7 +605,8 @@ def test_continue_texts_writes_records_the_pipeline_trains_on(tmp_path, tok):
     assert continue_texts(documents, model, tok, out, replace(config, max_records=3)) == 3
     assert continue_texts(documents, model, tok, out, config) == 3
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in records] == [f"m{i}.py#{n}" for i in range(3) for n in range(2)]
+    ids = [r["id"] for r in records]  # batched by length, so in that order within a call
+    assert sorted(ids) == [f"m{i}.py#{n}" for i in range(3) for n in range(2)]
     for record in records:
         ids = tok(record["prompt"], return_tensors="pt")["input_ids"]
         expected = model.generate(
