@@ -46,7 +46,7 @@ class CalibrateConfig:
     signals: tuple[str, ...] = ("top1_prob", "margin", "entropy", "position", "context_match")
     """Signals the calibrator may use (single-signal methods use the first). `context_match`
     (the drafted token repeats an n-gram of the text before it) separates tokens accepted far
-    more often than their confidence says from the rest (benchmarks/README.md, session 40)."""
+    more often than their confidence says from the rest (benchmarks/notes/calibration.md)."""
     collect: Collection = "teacher-forced"
     """teacher-forced: score draft chains at every position of held-out rows in one pass (exact
     for greedy decoding where the text is the target's own greedy output; see
