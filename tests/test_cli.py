@@ -17,7 +17,14 @@ from head_helpers import build_head, fit
 
 from draftsmith.artifact import save_artifact
 from draftsmith.commands.cli import COMMANDS, command_class, main
-from draftsmith.commands.flags import POSITIONAL, from_flags, parser_for
+from draftsmith.commands.flags import (
+    ANY_NUMBER,
+    POSITIONAL,
+    Range,
+    at_least,
+    from_flags,
+    parser_for,
+)
 from draftsmith.zoo import UnknownModelError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +39,7 @@ class Example:
     """An example command."""
 
     FLAG_ALIASES: ClassVar[dict[str, tuple[str, ...]]] = {"loud": ("--shout",)}
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {"count": at_least(1), "rate": ANY_NUMBER}
 
     path: Path = field(metadata=POSITIONAL)
     """Where it is."""
@@ -86,10 +94,25 @@ def test_flags_reject_what_the_types_forbid(argv, complaint, capsys):
     assert exit.value.code == 2 and complaint in capsys.readouterr().err
 
 
+def test_flags_reject_a_value_out_of_its_range():
+    with pytest.raises(ValueError, match=r"^--count must be >= 1, got 0$"):
+        parse(Example, "here --label x --count 0")
+    assert parse(Example, "here --label x --rate -7").rate == -7.0  # ANY_NUMBER: no bound
+
+
+def test_a_numeric_field_without_a_range_is_a_clear_error():
+    @dataclass
+    class Unranged:
+        steps: int = 1
+
+    with pytest.raises(TypeError, match="field 'steps' is numeric: give its range"):
+        parser_for(Unranged, "unranged")
+
+
 def test_field_docs_are_the_help():
     text = " ".join(parser_for(Example, "example").format_help().split())
     assert "An example command." in text
-    assert "--count COUNT How many (100% of them). (default: 3)" in text
+    assert "--count COUNT How many (100% of them). (default: 3; must be >= 1)" in text
     assert "--mode {fast,slow} How to go. (default: fast)" in text
     assert "--loud, --no-loud, --shout, --no-shout Say more. (default: False)" in text
     assert "--names NAMES [NAMES ...] Some names. (default: a b)" in text
@@ -156,6 +179,19 @@ def test_documented_command_lines_parse(name, argv, expected):
 # --------------------------------------------------------------------------------------------
 # Errors: one line, exit status 2
 # --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fail the test at any attempt to fetch or load a model, its config or its tokenizer."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"a model was loaded: {args}")
+
+    for name in ("AutoModelForCausalLM", "AutoTokenizer", "AutoConfig"):
+        monkeypatch.setattr(getattr(transformers, name), "from_pretrained", refuse)
+    monkeypatch.setattr("draftsmith.zoo.fetch.fetch_model", refuse)
 
 
 def fails(capsys, argv: list[str], code: int = 2) -> str:
@@ -293,9 +329,69 @@ def test_unknown_calibration_method(capsys):
 
 
 def test_invalid_config_value(capsys):
-    argv = ["prepare-data", "--target", "t", "--source", "s", "--out", "o", "--seq-len", "1"]
-    line = fails(capsys, argv)
-    assert line == "draftsmith prepare-data: error: seq_len must be at least 2, got 1"
+    argv = ["prepare-data", "--target", "t", "--source", "s", "--out", "o", "--seq-len", "64"]
+    line = fails(capsys, [*argv, "--max-tokens", "32"])
+    assert line == (
+        "draftsmith prepare-data: error: max_tokens (32) is below seq_len (64): not even one row "
+        "would be made"
+    )
+
+
+BENCH = ["bench", "--target", "t", "--drafter", "ngram"]
+PREPARE = ["prepare-data", "--target", "t", "--source", "stdlib", "--out", "o"]
+REGENERATE = ["regenerate", "--target", "t", "--source", "stdlib", "--out", "o.jsonl"]
+CALIBRATE = ["calibrate", "a", "--target", "t", "--data", "d"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "value", "allowed"),
+    [
+        (BENCH, "--max-new-tokens", "-5", ">= 1"),
+        (BENCH, "--temperature", "-1", ">= 0"),
+        (BENCH, "--top-p", "0", "in (0, 1]"),
+        (BENCH, "--top-k", "0", ">= 1"),
+        (BENCH, "--limit", "0", ">= 1"),
+        (BENCH, "--draft-tokens", "0", ">= 1"),
+        (BENCH, "--verify-threshold", "1.5", "in [0, 1]"),
+        (BENCH, "--min-path-confidence", "2", "in [0, 1]"),
+        (BENCH, "--seed", "-1", ">= 0"),
+        (BENCH, "--batch-size", "0", ">= 1"),
+        (PREPARE, "--seq-len", "1", ">= 2"),
+        (PREPARE, "--max-tokens", "0", ">= 2"),
+        (PREPARE, "--max-documents", "0", ">= 1"),
+        (PREPARE, "--heldout-fraction", "1", "in [0, 1)"),
+        (PREPARE, "--seed", "-1", ">= 0"),
+        (REGENERATE, "--max-new-tokens", "0", ">= 1"),
+        (REGENERATE, "--batch-size", "0", ">= 1"),
+        (REGENERATE, "--temperature", "0", "> 0"),
+        (REGENERATE, "--top-p", "1.5", "in (0, 1]"),
+        (REGENERATE, "--seed", "-1", ">= 0"),
+        (REGENERATE, "--max-records", "0", ">= 1"),
+        (REGENERATE, "--prompt-tokens", "0", ">= 1"),
+        (REGENERATE, "--prompts-per-document", "0", ">= 1"),
+        (REGENERATE, "--max-turns", "0", ">= 1"),
+        (CALIBRATE, "--temperature", "-0.5", ">= 0"),
+        (CALIBRATE, "--seq-len", "1", ">= 2"),
+        (CALIBRATE, "--max-tokens", "0", ">= 1"),
+        (CALIBRATE, "--prompt-tokens", "0", ">= 1"),
+        (CALIBRATE, "--max-new-tokens", "0", ">= 1"),
+        (CALIBRATE, "--max-prompts", "0", ">= 1"),
+        (CALIBRATE, "--folds", "1", ">= 2"),
+        (CALIBRATE, "--n-bins", "0", ">= 1"),
+        (CALIBRATE, "--seed", "-1", ">= 0"),
+        (CALIBRATE, "--draft-tokens", "0", ">= 1"),
+        (["export", "a", "--format", "speculators", "--out", "o"], "--draft-tokens", "0", ">= 1"),
+        (["profile", "--target", "t"], "--max-tokens", "0", ">= 1"),
+        (["profile", "--target", "t"], "--context", "0", ">= 1"),
+        (["profile", "--target", "t"], "--repeats", "0", ">= 1"),
+        (["profile", "--target", "t"], "--rows", "0", ">= 1"),
+    ],
+)
+def test_a_numeric_flag_out_of_range_fails_before_any_model_loads(
+    argv, flag, value, allowed, no_model_loads, capsys
+):
+    line = fails(capsys, [*argv, flag, value])
+    assert line == f"draftsmith {argv[0]}: error: {flag} must be {allowed}, got {value}"
 
 
 def recipe(tmp_path: Path, **changes) -> str:

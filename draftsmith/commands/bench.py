@@ -7,9 +7,11 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from draftsmith.build.placement import TargetPlacement
 from draftsmith.build.policies import AUTO_TREE, policy_from_spec
+from draftsmith.commands.flags import Range, at_least, between
 from draftsmith.core.models import Dtype
 from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
 from draftsmith.evaluation.benchmark import bundled_prompts
@@ -20,6 +22,19 @@ class BenchCommand(TargetPlacement):
     """Benchmark a drafter against plain and Hugging Face assisted generation: every prompt runs
     all three back to back after a warm-up; speed is reported as ratios, with the mean accepted
     length and every divergence from the target's plain greedy output."""
+
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {
+        "max_new_tokens": at_least(1),
+        "temperature": at_least(0),
+        "top_p": between(0, 1, low_open=True),
+        "top_k": at_least(1),
+        "limit": at_least(1),
+        "draft_tokens": at_least(1),
+        "verify_threshold": between(0, 1),
+        "min_path_confidence": between(0, 1),
+        "seed": at_least(0),
+        "batch_size": at_least(1),
+    }
 
     target: str
     """Zoo name, local folder or hub id of the target model."""
@@ -87,8 +102,6 @@ class BenchCommand(TargetPlacement):
                 "a route picks its drafter by the speed each process measures, so under "
                 "--tensor-parallel the processes would draft differently: give one drafter"
             )
-        if self.batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.batch_size > 1 and self.plot:
             raise ValueError(
                 "--plot sweeps tree sizes at batch size 1: drop --plot or --batch-size"

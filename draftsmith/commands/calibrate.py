@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from draftsmith.artifact.calibrate import prepare_calibration
 from draftsmith.calibration import calibrator_class
@@ -12,7 +13,7 @@ from draftsmith.calibration.heldout import CollectChoice
 from draftsmith.calibration.io import write_json
 from draftsmith.calibration.pipeline import CalibrateConfig
 from draftsmith.calibration.report import format_table, format_workload_table
-from draftsmith.commands.flags import POSITIONAL, as_config
+from draftsmith.commands.flags import POSITIONAL, Range, as_config, at_least
 from draftsmith.core.models import Dtype
 from draftsmith.zoo import load_model
 
@@ -23,6 +24,19 @@ class CalibrateCommand(CalibrateConfig):
     accept each drafted token, and write calibration.json and a report into the artifact. With
     --evaluate-only, score the artifact's existing calibration on the data instead, per
     workload, and leave the artifact untouched."""
+
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {
+        "temperature": at_least(0),
+        "seq_len": at_least(2),
+        "max_tokens": at_least(1),
+        "prompt_tokens": at_least(1),
+        "max_new_tokens": at_least(1),
+        "max_prompts": at_least(1),
+        "folds": at_least(2),
+        "n_bins": at_least(1),
+        "seed": at_least(0),
+        "draft_tokens": at_least(1),
+    }
 
     artifact: Path = field(metadata=POSITIONAL)
     """Drafter artifact directory."""

@@ -9,10 +9,8 @@ from typing import ClassVar
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.artifact import load_drafter, read_artifact_config
-from draftsmith.commands.flags import as_config
+from draftsmith.commands.flags import Range, above, as_config, at_least, between
 from draftsmith.core.models import Dtype, check_same_vocabulary
-from draftsmith.zoo import load_model
-from draftsmith.zoo import resolve_model
 from draftsmith.data.documents import DataConfig, Split, load_documents, prepare_data
 from draftsmith.data.regenerate import (
     RegenerateConfig,
@@ -21,11 +19,20 @@ from draftsmith.data.regenerate import (
     regenerate,
 )
 from draftsmith.heads import DraftModelDrafter
+from draftsmith.zoo import load_model, resolve_model
 
 
 @dataclass(kw_only=True)
 class PrepareDataCommand(DataConfig):
     """Tokenize and pack a data source into fixed-length training rows (an Arrow folder)."""
+
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {
+        "seq_len": at_least(2),
+        "max_tokens": at_least(2),
+        "max_documents": at_least(1),
+        "heldout_fraction": between(0, 1, high_open=True),
+        "seed": at_least(0),
+    }
 
     target: str
     """Zoo name, local folder or hub id of the target model, whose tokenizer and chat template
@@ -49,6 +56,18 @@ class RegenerateCommand(RegenerateConfig):
     on-policy data written by a draft model instead."""
 
     FLAG_ALIASES: ClassVar[dict[str, tuple[str, ...]]] = {"do_sample": ("--sample",)}
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {
+        "max_new_tokens": at_least(1),
+        "batch_size": at_least(1),
+        "temperature": above(0),
+        "top_p": between(0, 1, low_open=True),
+        "seed": at_least(0),
+        "max_records": at_least(1),
+        "prompt_tokens": at_least(1),
+        "max_prompt_tokens": at_least(1),
+        "prompts_per_document": at_least(1),
+        "max_turns": at_least(1),
+    }
 
     target: str
     """Zoo name, local folder or hub id of the target model."""

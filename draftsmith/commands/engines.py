@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from draftsmith.artifact import load_head, read_artifact_config, save_artifact
 from draftsmith.artifact.engines import export_head, foreign_layout, import_head
-from draftsmith.commands.flags import POSITIONAL
+from draftsmith.commands.flags import POSITIONAL, Range, at_least
 from draftsmith.core.models import Dtype
-from draftsmith.zoo import load_model
-from draftsmith.zoo import resolve_model
+from draftsmith.zoo import load_model, resolve_model
 
 ExportFormat = Literal["speculators", "sglang", "vllm-medusa"]
 
@@ -26,6 +25,8 @@ def _check_new_directory(out: Path) -> None:
 class ExportCommand:
     """Write a draftsmith artifact in a serving engine's format: speculators (EAGLE-3, what vLLM
     serves), sglang (EAGLE-3) or vllm-medusa (Medusa)."""
+
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {"draft_tokens": at_least(1)}
 
     artifact: Path = field(metadata=POSITIONAL)
     """Drafter artifact directory."""

@@ -4,6 +4,12 @@ Each field becomes ``--kebab-case-name`` (a positional argument with ``field(met
 typed by its annotation, defaulting to its default, required when it has none, and helped by its
 docstring (`field_docs`). A command keeps an older flag name working with a class attribute
 ``FLAG_ALIASES = {"do_sample": ("--sample",)}``.
+
+Every numeric field (int or float, alone, optional or in a list) says which values it takes in a
+class attribute ``FLAG_RANGES = {"max_new_tokens": at_least(1), "seed": ANY_NUMBER}``; the
+parser refuses to build for a numeric field without one, and `from_flags` checks each value
+before the dataclass exists (so before any model loads): ``--max-new-tokens must be >= 1, got
+-5``. Inherited fields (a library config's) are ranged by the command that exposes them.
 """
 
 from __future__ import annotations
@@ -18,12 +24,82 @@ from typing import Any, Literal, TypeVar
 
 from draftsmith.core.config import field_docs
 
-__all__ = ["POSITIONAL", "add_flags", "as_config", "from_flags", "parser_for"]
+__all__ = [
+    "ANY_NUMBER",
+    "POSITIONAL",
+    "Range",
+    "above",
+    "add_flags",
+    "as_config",
+    "at_least",
+    "between",
+    "check_ranges",
+    "from_flags",
+    "parser_for",
+]
 
 POSITIONAL = {"positional": True}
 """Field metadata: the field is a positional argument (optional when it has a default)."""
 
 Config = TypeVar("Config")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric flag takes: above `low` and below `high` (None: unbounded), each
+    bound included unless open."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        low, high = _number(self.low), _number(self.high)
+        if self.low is not None and self.high is not None:
+            return (
+                f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+            )
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {low}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {high}"
+        return "any number"
+
+
+ANY_NUMBER = Range()
+"""A numeric flag that takes every value (a seed, say)."""
+
+
+def at_least(low: float) -> Range:
+    """``>= low``."""
+    return Range(low=low)
+
+
+def above(low: float) -> Range:
+    """``> low``."""
+    return Range(low=low, low_open=True)
+
+
+def between(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Range:
+    """From `low` to `high`, both included unless open."""
+    return Range(low=low, high=high, low_open=low_open, high_open=high_open)
+
+
+def check_ranges(cls: type, values: dict[str, Any]) -> None:
+    """Raise a ValueError naming the flag, the value and the range for the first of `values`
+    (field name -> value, None skipped) outside its field's range in ``cls.FLAG_RANGES``."""
+    for name, allowed in getattr(cls, "FLAG_RANGES", {}).items():
+        value = values.get(name)
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            if one is not None and one not in allowed:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be {allowed}, got {_number(one)}")
 
 
 def parser_for(cls: type, prog: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -43,6 +119,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     aliases = getattr(cls, "FLAG_ALIASES", {})
+    ranges = getattr(cls, "FLAG_RANGES", {})
     # Positionals first, then required flags, each group in field order.
     ordered = sorted(
         (f for f in dataclasses.fields(cls) if f.init),
@@ -50,11 +127,19 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     )
     for f in ordered:
         kwargs = _type_kwargs(hints[f.name], f.name)
+        if kwargs.get("type") in (int, float) and "choices" not in kwargs and f.name not in ranges:
+            raise TypeError(
+                f"field {f.name!r} is numeric: give its range in {cls.__name__}.FLAG_RANGES "
+                "(at_least, above, between or ANY_NUMBER)"
+            )
         default = _default(f)
         required = default is dataclasses.MISSING
         help_text = docs.get(f.name, "").replace("``", "").replace("%", "%%")
-        if not required and default not in (None, [], ()):
-            help_text += f" (default: {_show(default)})"
+        shown = [] if required or default in (None, [], ()) else [f"default: {_show(default)}"]
+        if ranges.get(f.name, ANY_NUMBER) != ANY_NUMBER:
+            shown.append(f"must be {ranges[f.name]}")
+        if shown:
+            help_text += f" ({'; '.join(shown)})"
         if f.metadata.get("positional"):
             if not required:
                 kwargs["nargs"] = "*" if kwargs.get("nargs") else "?"
@@ -79,6 +164,7 @@ def from_flags(cls: type[Config], args: argparse.Namespace) -> Config:
         if f.init:
             value = getattr(args, f.name)
             values[f.name] = _from_list(hints[f.name], value) if isinstance(value, list) else value
+    check_ranges(cls, values)
     return cls(**values)
 
 
@@ -137,6 +223,11 @@ def _default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default
+
+
+def _number(value: float | None) -> str:
+    """1 for 1.0, else the value as Python writes it."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _show(value: Any) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from draftsmith.build.placement import TargetPlacement
+from draftsmith.commands.flags import Range, at_least
 from draftsmith.core.models import Dtype
 
 if TYPE_CHECKING:
@@ -23,6 +24,13 @@ class ProfileCommand(TargetPlacement):
     from 1 to --max-tokens, and save the curve as JSON: the decoder reads it to choose the draft
     size that gives the most accepted tokens per second on this device. Given a drafter, its cost
     per draft step is measured too."""
+
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {
+        "max_tokens": at_least(1),
+        "context": at_least(1),
+        "repeats": at_least(1),
+        "rows": at_least(1),
+    }
 
     target: str
     """Zoo name, local folder or hub id of the target model."""
