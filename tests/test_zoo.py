@@ -156,6 +156,61 @@ def test_leftover_partial_folder_is_not_used_and_is_cleaned(calls, tmp_path):
     assert listing(tmp_path) == ["tiny-fake"]
 
 
+def test_any_fetch_removes_stale_partials_of_every_model(calls, monkeypatch, tmp_path):
+    """A fetch killed midway leaves ``NAME.partial-HOST-PID``; the next fetch of any model, even
+    one already complete, removes those whose process is gone or that another machine left long
+    ago, and keeps those still being written."""
+    import os
+    import socket
+    import time
+
+    zoo.fetch_model("tiny-fake", home=tmp_path)  # complete: the fast path must clean too
+    here = socket.gethostname()
+    models = tmp_path / "models"
+    names = {
+        "dead": f"other-model.partial-{here}-4000001",
+        "live": f"other-model.partial-{here}-4000002",
+        "mine": f"tiny-fake.partial-{here}-{os.getpid()}",
+        "old-format": "qwen.partial-4000003",
+        "stale-rename": f"tiny-fake.stale-{here}-4000004",
+        "foreign-old": "other-model.partial-elsewhere-4000002",
+        "foreign-new": "other-model.partial-elsewhere-4000005",
+    }
+    for name in names.values():
+        (models / name / "_download").mkdir(parents=True)
+        (models / name / "_download" / "part.whl").write_bytes(b"x")
+    old = time.time() - zoo.FOREIGN_STALE_S - 60
+    for path in (models / names["foreign-old"]).rglob("*"):
+        os.utime(path, (old, old))
+    os.utime(models / names["foreign-old"], (old, old))
+    monkeypatch.setattr(zoo, "_alive", lambda pid: pid == 4000002)
+
+    assert zoo.fetch_model("tiny-fake", home=tmp_path) == models / "tiny-fake"
+
+    kept = {"live", "mine", "foreign-new"}
+    assert listing(tmp_path) == sorted(["tiny-fake", *(names[k] for k in kept)])
+    assert len(calls.converted) == 1  # nothing was fetched again
+
+
+def test_a_fetch_builds_under_a_partial_named_after_its_host_and_process(monkeypatch, tmp_path):
+    import os
+    import socket
+
+    seen = []
+
+    def interrupted(entry, partial, final):
+        seen.append(partial.name)
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(zoo.ZOO, "tiny-fake", fake_entry())
+    monkeypatch.setattr(zoo, "_build", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.fetch_model("tiny-fake", home=tmp_path)
+    assert seen == [f"tiny-fake.partial-{socket.gethostname()}-{os.getpid()}"]
+    assert zoo._leftover_owner(seen[0]) == (socket.gethostname(), os.getpid())
+    assert listing(tmp_path) == []
+
+
 @pytest.mark.parametrize("marker", [None, "not json", {"name": "tiny-fake", "gguf_sha256": "0"}])
 def test_folder_without_valid_marker_is_rebuilt(calls, tmp_path, marker):
     folder = tmp_path / "models" / "tiny-fake"

@@ -15,8 +15,9 @@ config, tokenizer with its chat template) under ``$DRAFTSMITH_HOME/models/<name>
     '/data/my-model'
 
 A folder is complete only when its marker file (``draftsmith_model.json``) is present and names
-the checksum the zoo expects. It is built under ``<name>.partial-<pid>`` and renamed into place
-only once complete, so an interrupted fetch never leaves a folder that looks usable.
+the checksum the zoo expects. It is built under ``<name>.partial-<host>-<pid>`` and renamed into
+place only once complete, so an interrupted fetch never leaves a folder that looks usable; the
+next fetch of any model removes such leftovers (`remove_stale_partials`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +48,9 @@ MARKER_FILE = "draftsmith_model.json"
 # Bump when the folder layout or conversion changes, so older caches are rebuilt.
 ZOO_FORMAT = 1
 _COPY_BLOCK = 1 << 22  # 4 MiB: streaming copy/hash block
+FOREIGN_STALE_S = 3600.0
+"""A leftover of another machine (a home shared over the network) is stale once nothing in it
+has changed for this long: its process cannot be asked whether it still runs."""
 
 
 class ModelFetchError(RuntimeError):
@@ -105,13 +110,13 @@ def fetch_model(name: str, *, home: str | Path | None = None) -> Path:
     """
     entry = _entry(name)
     final = model_dir(name, home=home)
+    remove_stale_partials(final.parent)
     if is_complete(final, name):
         logger.debug("zoo model %s found at %s", name, final)
         return final
 
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_partials(final)
-    partial = final.with_name(f"{name}.partial-{os.getpid()}")
+    partial = final.with_name(f"{name}.partial-{_owner()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     logger.info("fetching zoo model %s (%s) into %s", name, entry.upstream, final)
@@ -263,7 +268,7 @@ def _publish(partial: Path, final: Path, name: str) -> Path:
         logger.warning(
             "replacing %s: it has no valid %s (an interrupted copy?)", final, MARKER_FILE
         )
-        stale = final.with_name(f"{name}.stale-{os.getpid()}")
+        stale = final.with_name(f"{name}.stale-{_owner()}")
         final.rename(stale)
         shutil.rmtree(stale, ignore_errors=True)
     try:
@@ -277,14 +282,44 @@ def _publish(partial: Path, final: Path, name: str) -> Path:
     return final
 
 
-def _remove_dead_partials(final: Path) -> None:
-    """Delete ``<name>.partial-<pid>`` folders left by processes that no longer run."""
-    for leftover in final.parent.glob(f"{final.name}.partial-*"):
-        pid = leftover.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
-            continue  # another process is fetching the same model right now
-        logger.info("removing leftover %s from an interrupted fetch", leftover)
+def remove_stale_partials(models: Path) -> list[Path]:
+    """Delete the ``<any model>.partial-<host>-<pid>`` (and ``.stale-``) folders under `models`
+    that interrupted fetches left: this machine's whose process no longer runs, another
+    machine's untouched for `FOREIGN_STALE_S`, and any whose name says no process. Returns
+    them."""
+    removed = []
+    for leftover in sorted((*models.glob("*.partial-*"), *models.glob("*.stale-*"))):
+        host, pid = _leftover_owner(leftover.name)
+        if host in (None, socket.gethostname()):
+            if pid is not None and (pid == os.getpid() or _alive(pid)):
+                continue  # this process's own, or another one here fetching right now
+        elif not _untouched(leftover, FOREIGN_STALE_S):
+            continue  # another machine's, maybe still being written
+        logger.info("removing leftover %s of an interrupted fetch", leftover)
         shutil.rmtree(leftover, ignore_errors=True)
+        removed.append(leftover)
+    return removed
+
+
+def _owner() -> str:
+    """``<host>-<pid>`` of this process, as leftover folders are named."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _leftover_owner(folder_name: str) -> tuple[str | None, int | None]:
+    """(host, pid) of a leftover's name: ``<host>-<pid>`` after ``.partial-`` or ``.stale-``
+    (host None: a name of older releases, ``<pid>`` alone; pid None: no number at the end)."""
+    owner = folder_name.split(".partial-" if ".partial-" in folder_name else ".stale-")[-1]
+    host, _, pid = owner.rpartition("-")
+    return host or None, int(pid) if pid.isdigit() else None
+
+
+def _untouched(folder: Path, seconds: float) -> bool:
+    """Whether nothing in `folder` (itself included) changed in the last `seconds`."""
+    newest = max(
+        (p.stat().st_mtime for p in (folder, *folder.rglob("*")) if p.exists()), default=0.0
+    )
+    return time.time() - newest > seconds
 
 
 def _alive(pid: int) -> bool:
