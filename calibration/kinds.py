@@ -15,20 +15,11 @@ import torch
 
 from draftsmith.calibration.calibrators import Calibrator, register_calibrator
 from draftsmith.calibration.metrics import EPS
+from draftsmith.core.logistic import logit_array, sigmoid_array
 
 TEMPERATURE_RANGE = (1e-2, 1e2)
 """Fitted temperatures are clipped to this range: data that carries no signal would otherwise
 send T to infinity."""
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    # tanh form: no overflow warning for large |z|.
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
-
-
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, EPS, 1 - EPS)
-    return np.log(p) - np.log1p(-p)
 
 
 def _float_array(params: Mapping[str, Any], key: str, kind: str) -> np.ndarray:
@@ -53,7 +44,7 @@ class TemperatureScaling(Calibrator):
     def _fit(self, x: np.ndarray, y: np.ndarray) -> None:
         if x.min() < 0 or x.max() > 1:
             raise ValueError(f"signal {self.signals[0]!r} must lie in [0, 1] for temperature")
-        z = torch.from_numpy(_logit(x[:, 0]))
+        z = torch.from_numpy(logit_array(x[:, 0], EPS))
         target = torch.from_numpy(y)
         log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
         optimizer = torch.optim.LBFGS(
@@ -70,7 +61,7 @@ class TemperatureScaling(Calibrator):
         self.temperature = float(np.clip(math.exp(log_t.item()), *TEMPERATURE_RANGE))
 
     def _predict(self, x: np.ndarray) -> np.ndarray:
-        return _sigmoid(_logit(x[:, 0]) / self.temperature)
+        return sigmoid_array(logit_array(x[:, 0], EPS) / self.temperature)
 
     def _params(self) -> dict[str, Any]:
         return {"temperature": self.temperature}
@@ -121,7 +112,7 @@ class PlattScaling(Calibrator):
         self.intercept = float(model.intercept_[0])
 
     def _predict(self, x: np.ndarray) -> np.ndarray:
-        return _sigmoid(x @ self.coef + self.intercept)
+        return sigmoid_array(x @ self.coef + self.intercept)
 
     def predict_signals(self, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """`Calibrator.predict_signals` in a few torch ops on the signals' device: a draft policy

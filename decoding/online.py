@@ -1,9 +1,9 @@
 """Online recalibration of the acceptance model from the decoder's own verifications.
 
 A calibrator fitted offline (held-out stdlib code, teacher-forced) drifts when the traffic
-changes: measured on other workloads it predicted 0.42 where 0.28 was accepted. Every
-verification labels the drafted tokens it looked at for free, so `OnlineAcceptance` keeps
-correcting the offline model from that stream:
+changes (benchmarks/README.md, "Online recalibration"). Every verification labels the drafted
+tokens it looked at for free, so `OnlineAcceptance` keeps correcting the offline model from that
+stream:
 
     round = decoder round (a draft and its verification)
     signals, accepted = round_outcomes(round.draft, round.accepted_path)
@@ -13,12 +13,12 @@ correcting the offline model from that stream:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from draftsmith.core.context import CONTEXT_SIGNAL
+from draftsmith.core.logistic import LogisticPosterior, logit
 from draftsmith.core.signals import AcceptanceModel, confidence_signals
 from draftsmith.heads.base import Draft, on_support
 
@@ -37,9 +37,8 @@ calibrator that says 0 or 1 can still be corrected."""
 def draft_signals(draft: Draft, nodes: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """Confidence signals (each (k,)) of every node of a draft tree, or of `nodes` (ascending,
     each one's parent among them; for a chain, a prefix): `confidence_signals` of their logits
-    (k, V), with `position` = depth - 1 and `path_prob` = the product of `top1_prob` over the node
-    and its ancestors (for a chain, exactly `confidence_signals(draft.logits)`). A draft that
-    kept the signals its drafter computed (`Draft.signals`) gives those."""
+    (k, V) along the tree's paths (for a chain, exactly `confidence_signals(draft.logits)`). A
+    draft that kept the signals its drafter computed (`Draft.signals`) gives those."""
     if draft.signals is not None:
         if nodes is None:
             return dict(draft.signals)
@@ -55,18 +54,11 @@ def draft_signals(draft: Draft, nodes: Sequence[int] | None = None) -> dict[str,
     else:
         index = torch.as_tensor(list(nodes), dtype=torch.long)
         logits = draft.logits[index.to(draft.logits.device)]
-    signals = confidence_signals(on_support(logits, draft.support))
     if draft.is_chain:
-        return signals
-    signals["position"] = (draft.depths[index] - 1).float().to(draft.logits.device)
-    path = signals["top1_prob"].clone()
+        return confidence_signals(on_support(logits, draft.support))
     row = {node: i for i, node in enumerate(index.tolist())}
-    # Parents come before their children, so one pass in node order multiplies whole paths.
-    for i, parent in enumerate(draft.parents[index].tolist()):
-        if parent >= 0:
-            path[i] = path[row[parent]] * path[i]
-    signals["path_prob"] = path
-    return signals
+    parents = [row[p] if p >= 0 else -1 for p in draft.parents[index].tolist()]
+    return confidence_signals(on_support(logits, draft.support), parents=parents)
 
 
 def round_outcomes(
@@ -144,25 +136,14 @@ class OnlineAcceptance:
     where the offline fit is too confident moves a below 0 (a shift) or b below 1 (a
     flattening).
 
-    Posterior, per correction: a recursive Laplace approximation, N(mean, precision^-1), of a
-    penalised log-likelihood in which every observation, and the prior, fades by `forgetting`
-    per later observation of that correction:
-
-        -log post(t) = 0.5 w(t) |(a, b) - (0, 1)|^2 + sum_i forgetting^(t - t_i) logloss_i(a, b),
-        w(t) = floor + forgetting^t (prior_strength - floor),
-
-    where `floor` (1, `_FLOOR`) is a weak pull to the offline fit that never fades. Each
-    `observe` of m tokens blends the previous Gaussian with that floor at weights forgetting^m
-    and 1 - forgetting^m (exact for the objective above, given the previous Gaussian), minimises
-    the round's log-loss plus that Gaussian by Newton's method and takes the Hessian at the
-    mode as the new precision. So memory is about 1 / (1 - forgetting) observations, a stream
-    that changes workload is followed once that many of the new one have been seen, and a round
-    costs O(m) arithmetic on floats.
-
-    Prior strength: a precision of `prior_strength` on each of a and b is worth about
-    4 * prior_strength observations near p = 0.5 (each adds p (1 - p) <= 1/4 to the information
-    on a): the first rounds of a stream barely move the offline model, a few hundred observations
-    replace it. Defaults and why: see `__init__`.
+    Posterior, per correction: `draftsmith.core.logistic.LogisticPosterior` of (a, b) on the
+    observations z = logit(p_offline), y = accepted, with the prior fading by `forgetting` per
+    later observation to a weak floor that never does. So memory is about 1 / (1 - forgetting)
+    observations, a stream that changes workload is followed once that many of the new one have
+    been seen, and a round costs O(m) arithmetic on floats. A precision of `prior_strength` on
+    each of a and b is worth about 4 * prior_strength observations near p = 0.5: the first
+    rounds of a stream barely move the offline model, a few hundred observations replace it.
+    Defaults and why: see `__init__`.
     """
 
     def __init__(
@@ -173,25 +154,19 @@ class OnlineAcceptance:
         forgetting: float = 0.99,
         split_on: tuple[str, ...] = SPLIT_SIGNALS,
     ) -> None:
-        """Defaults, chosen by replaying the tuning streams of benchmarks/README.md ("Online
-        recalibration": the bundled bench's code, chat and prose and 16 held-out stdlib
-        continuations, none of them among the report's prompts) over prior_strength 1 to 100
-        and forgetting 0.98 to 1. Log-loss after the first 50 observations, mean of the four
-        streams, at forgetting 0.99: 0.4501, 0.4504, 0.4518, 0.4546, 0.4595 for prior_strength
-        1, 3, 10, 30, 100 (equal-mass ECE 0.048, 0.048, 0.050, 0.047, 0.056: equal within its
-        noise); longer memories were worse for every prior. prior_strength 10 (the prior worth
-        ~40 observations) is within 0.002 nats of the best and the most cautious of the near-best:
-        three misses at top-1 0.9 move that prediction to 0.71 (to 0.42 at prior_strength 3).
-        Memory ~100 observations (forgetting 0.99) follows a new workload within a few prompts.
-        Those were chosen for one correction of every token; each group keeps them.
+        """Defaults chosen by replaying the tuning streams of benchmarks/README.md ("Online
+        recalibration"; `scripts/stream_calibration.py`) over prior_strength and forgetting:
+        prior_strength 10 (the prior worth ~40 observations) is as good as the best there and
+        the most cautious of the near-best, so a few misses at a confident prediction do not
+        swing it; forgetting 0.99 (a memory of ~100 observations) follows a new workload within
+        a few prompts, where longer memories were worse. They were chosen for one correction of
+        every token; each group keeps them.
 
         split_on: the `SPLIT_SIGNALS` that split the groups; tokens that differ only in the
         others are corrected together (the baselines of `scripts/compare_policies.py`)."""
         unknown = set(split_on) - set(SPLIT_SIGNALS)
         if unknown:
             raise ValueError(f"split_on names {sorted(unknown)}; choose from {SPLIT_SIGNALS}")
-        if not (math.isfinite(prior_strength) and prior_strength > 0):
-            raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength}")
         if not 0.0 < forgetting <= 1.0:
             raise ValueError(f"forgetting must be in (0, 1] (1: never forget), got {forgetting}")
         self.offline = offline
@@ -202,7 +177,7 @@ class OnlineAcceptance:
 
     def reset(self) -> None:
         """Forget every observation: back to the prior (the offline model)."""
-        self.corrections = tuple(_Correction(self.prior_strength) for _ in CORRECTION_GROUPS)
+        self.corrections = tuple(LogisticPosterior(self.prior_strength) for _ in CORRECTION_GROUPS)
         """One correction per `CORRECTION_GROUPS` entry (a token's group: `_groups`)."""
 
     @property
@@ -233,7 +208,7 @@ class OnlineAcceptance:
             raise ValueError(f"accepted must lie in [0, 1], got {y}")
         # Plain floats, not tensors: for a few observations and two parameters, the per-call
         # overheads of torch or numpy would cost more than the arithmetic.
-        z = [_logit(p) for p in self.offline_probs(signals).reshape(-1).tolist()]
+        z = [logit(p, _CLIP) for p in self.offline_probs(signals).reshape(-1).tolist()]
         if len(z) != len(y):
             raise ValueError(f"{len(z)} tokens' signals but {len(y)} outcomes")
         groups = _groups(signals, (len(z),), self.split_on).tolist()
@@ -254,110 +229,3 @@ def _groups(
         if name in split_on and value is not None:
             group += 2**weight * (value.reshape(shape).cpu() > 0)
     return group
-
-
-class _Correction:
-    """One logit correction (a, b) of `OnlineAcceptance`, its posterior and what it has seen."""
-
-    def __init__(self, prior_strength: float) -> None:
-        self.prior_strength = prior_strength
-        self.mean: tuple[float, float] = _PRIOR_MEAN
-        """The posterior mode (a, b)."""
-        self.precision: _Sym2 = (prior_strength, 0.0, prior_strength)
-        """The posterior precision of (a, b) as (aa, ab, bb)."""
-        self.n_observed = 0
-
-    def update(self, z: Sequence[float], y: Sequence[float], forgetting: float) -> None:
-        """Take in outcomes y of tokens whose offline logits are z (see `OnlineAcceptance`)."""
-        keep = forgetting ** len(y)
-        floor = min(_FLOOR, self.prior_strength)
-        prior = (floor, 0.0, floor)
-        precision = _add(_scale(self.precision, keep), _scale(prior, 1 - keep))
-        moment = [
-            keep * m + (1 - keep) * p
-            for m, p in zip(
-                _times(self.precision, self.mean), _times(prior, _PRIOR_MEAN), strict=True
-            )
-        ]
-        centre = _solve(precision, moment)
-        self.mean, self.precision = _newton(z, y, centre, precision)
-        self.n_observed += len(y)
-
-
-_PRIOR_MEAN = (0.0, 1.0)
-"""(a, b) of the identity correction: the offline model as it is."""
-
-_FLOOR = 1.0
-"""The prior precision that never fades (at most `prior_strength`): worth about four
-observations, so a long run of uninformative tokens (all near p = 0 or 1, or all alike) cannot
-leave (a, b) undetermined, yet too weak to bias a long stream."""
-
-_NEWTON_TOLERANCE = 1e-6
-_MAX_NEWTON_STEPS = 20
-"""A round's update runs Newton steps until (a, b) moves less than the tolerance: two or three
-in a stream, where each round adds little to what is known; more after a surprise under a weak
-prior, where the first step overshoots."""
-
-_Sym2 = tuple[float, float, float]
-"""A symmetric 2 x 2 matrix [[aa, ab], [ab, bb]] as (aa, ab, bb)."""
-
-
-def _scale(m: _Sym2, c: float) -> _Sym2:
-    return (m[0] * c, m[1] * c, m[2] * c)
-
-
-def _add(m: _Sym2, n: _Sym2) -> _Sym2:
-    return (m[0] + n[0], m[1] + n[1], m[2] + n[2])
-
-
-def _times(m: _Sym2, v: Sequence[float]) -> tuple[float, float]:
-    return (m[0] * v[0] + m[1] * v[1], m[1] * v[0] + m[2] * v[1])
-
-
-def _solve(m: _Sym2, v: Sequence[float]) -> tuple[float, float]:
-    det = m[0] * m[2] - m[1] * m[1]
-    return ((m[2] * v[0] - m[1] * v[1]) / det, (m[0] * v[1] - m[1] * v[0]) / det)
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, _CLIP), 1.0 - _CLIP)
-    return math.log(p / (1.0 - p))
-
-
-def _sigmoid(x: float) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
-
-
-def _loss_terms(
-    z: Sequence[float], y: Sequence[float], w: Sequence[float]
-) -> tuple[tuple[float, float], _Sym2]:
-    """Gradient (a, b) and Hessian of sum_i logloss(y_i, sigmoid(a + b z_i)) at w = (a, b)."""
-    ga = gb = haa = hab = hbb = 0.0
-    for zi, yi in zip(z, y, strict=True):
-        p = _sigmoid(w[0] + w[1] * zi)
-        v = p * (1.0 - p)
-        ga += p - yi
-        gb += (p - yi) * zi
-        haa += v
-        hab += v * zi
-        hbb += v * zi * zi
-    return (ga, gb), (haa, hab, hbb)
-
-
-def _newton(
-    z: Sequence[float], y: Sequence[float], centre: Sequence[float], precision: _Sym2
-) -> tuple[tuple[float, float], _Sym2]:
-    """Minimise 0.5 (w - centre)' precision (w - centre) + sum_i logloss(y_i, sigmoid(a + b z_i))
-    over w = (a, b); returns the mode and the Hessian there (the new precision)."""
-    w = tuple(centre)
-    for _ in range(_MAX_NEWTON_STEPS):
-        (ga, gb), hessian = _loss_terms(z, y, w)
-        pull = _times(precision, (w[0] - centre[0], w[1] - centre[1]))
-        step = _solve(_add(precision, hessian), (pull[0] + ga, pull[1] + gb))
-        w = (w[0] - step[0], w[1] - step[1])
-        if abs(step[0]) + abs(step[1]) < _NEWTON_TOLERANCE:
-            break
-    return w, _add(precision, _loss_terms(z, y, w)[1])

@@ -144,16 +144,6 @@ def chain_outcomes(
 
 def chain_signals(step_logits: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Confidence signals of the chains after every position: step_logits, K tensors (..., V),
-    step k's drafts -> each signal (..., K), as `confidence_signals` gives them for one chain
-    (position k, path_prob the product over steps 0 .. k). One step at a time, so the peak memory
-    is one step's softmax."""
-    shape = step_logits[0].shape[:-1]
-    per_step = [confidence_signals(s.detach().reshape(-1, 1, s.shape[-1])) for s in step_logits]
-    signals = {
-        name: torch.stack([s[name].reshape(shape) for s in per_step], dim=-1)
-        for name in SIGNAL_NAMES
-    }
-    steps = torch.arange(len(step_logits), dtype=torch.float32, device=signals["top1_prob"].device)
-    signals["position"] = steps.expand_as(signals["top1_prob"])
-    signals["path_prob"] = signals["top1_prob"].cumprod(-1)
-    return signals
+    step k's drafts -> each signal (..., K), `confidence_signals` of each chain (position k,
+    path_prob the product over steps 0 .. k), detached, one step's softmax at a time."""
+    return confidence_signals([step.detach() for step in step_logits])

@@ -19,7 +19,6 @@ depth on its most valuable (parent, rank) places, never by pruning afterwards.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -27,7 +26,7 @@ import torch
 
 from draftsmith.core.context import CONTEXT_SIGNAL, ContextIndex
 from draftsmith.core.sampling import SamplingParams, probabilities
-from draftsmith.core.signals import SIGNAL_NAMES
+from draftsmith.core.signals import FIRST_PARENT, SIGNAL_NAMES, distribution, token_signals
 from draftsmith.heads.base import (
     AcceptanceFn,
     Draft,
@@ -150,13 +149,9 @@ class DynamicTree:
         """Give each of nodes (-1: the root) its children from its logits (len(nodes), V_s): the
         top_k tokens (greedy) or draws without replacement (sampling); returns the new nodes."""
         logits = logits.float()
-        # One log-softmax and one top-k give both the children and their confidence signals.
-        log_probs = logits.log_softmax(-1)
-        probs = log_probs.exp()
-        width = min(self.shape.top_k, probs.shape[-1])
-        top = probs.topk(min(max(width, 2), probs.shape[-1]), dim=-1)
-        # A masked (-inf) token gives 0 * -inf = NaN, which nansum counts as the 0 it is.
-        entropy = -(probs * log_probs).nansum(-1)
+        # One softmax and one top-k give both the children and their confidence signals.
+        width = min(self.shape.top_k, logits.shape[-1])
+        _, top, entropy = distribution(logits, max(width, 2))
         indices = top.indices[:, :width]
         ids = (indices if self.support is None else self.support[indices]).tolist()
         # Past the (len(nodes), V) work a depth holds a few numbers a node: as Python floats
@@ -204,21 +199,11 @@ class DynamicTree:
 
     def _node_signals(self, node: int, top: list[float], entropy: float, top1: int) -> list[float]:
         """The `_NODE_SIGNALS` of the distribution node (-1: the root) predicts, from its largest
-        probabilities top (descending), its entropy and its top-1 token (a target id), as
-        `confidence_signals` computes them (`path_prob` along the node's path)."""
-        top2 = top[1] if len(top) > 1 else 0.0
-        path = top[0] * (1.0 if node < 0 else self._raw_paths[node])
-        position = 0.0 if node < 0 else float(self.depths[node])
-        matched = float(self._context_match(node, top1))
-        signals = {
-            "top1_prob": top[0],
-            "margin": top[0] - top2,
-            "entropy": entropy,
-            "position": position,
-            "path_prob": path,
-            "composite": top[0] * math.exp(-entropy),
-            CONTEXT_SIGNAL: matched,
-        }
+        probabilities top (descending), its entropy and its top-1 token (a target id):
+        `token_signals` after the node, and whether top1 repeats the context."""
+        parent = FIRST_PARENT if node < 0 else (self.depths[node] - 1.0, self._raw_paths[node])
+        signals = token_signals(top, entropy, *parent)
+        signals[CONTEXT_SIGNAL] = float(self._context_match(node, top1))
         return [signals[name] for name in _NODE_SIGNALS]
 
     def _context_match(self, node: int, top1: int) -> bool:

@@ -11,7 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftsmith.core.signals import SIGNAL_NAMES, confidence_signals, signal_matrix
+from draftsmith.core.signals import (
+    FIRST_PARENT,
+    SIGNAL_NAMES,
+    confidence_signals,
+    distribution,
+    signal_matrix,
+    token_signals,
+)
 
 
 def test_signals_match_hand_computation():
@@ -93,3 +100,37 @@ def test_signal_matrix_orders_columns_and_checks_names():
         signal_matrix(signals, ["logit"])
     with pytest.raises(ValueError, match="missing"):
         signal_matrix({"top1_prob": signals["top1_prob"]}, ["entropy"])
+
+
+def test_token_signals_are_confidence_signals_of_one_token():
+    """The scalar form (a draft tree's per-node work) gives the tensor form's numbers."""
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(3)) * 2
+    chain = confidence_signals(logits)
+    _, top, entropy = distribution(logits)
+    parent = FIRST_PARENT
+    for i, (row, h) in enumerate(zip(top.values.tolist(), entropy.tolist(), strict=True)):
+        token = token_signals(row, h, *parent)
+        assert list(token) == list(SIGNAL_NAMES)
+        for name, value in token.items():
+            assert value == pytest.approx(float(chain[name][i]), rel=1e-6), name
+        parent = (token["position"], token["path_prob"])
+
+
+def test_tree_and_step_forms_agree_with_chains():
+    """A tree's rows follow their parents (position = depth - 1, path_prob along the path); a
+    chain given a step at a time is the chain given at once."""
+    logits = torch.randn(5, 7, generator=torch.Generator().manual_seed(4))
+    tree = confidence_signals(logits, parents=[-1, 0, 0, 1, -1])
+    torch.testing.assert_close(tree["position"], torch.tensor([0.0, 1.0, 1.0, 2.0, 0.0]))
+    top1 = tree["top1_prob"]
+    path = torch.stack([top1[0], top1[0] * top1[1], top1[0] * top1[2], top1[0] * top1[1] * top1[3]])
+    torch.testing.assert_close(tree["path_prob"][:4], path)
+    assert tree["path_prob"][4] == top1[4]
+    chain = confidence_signals(logits)
+    steps = confidence_signals(list(logits))
+    for name in SIGNAL_NAMES:
+        torch.testing.assert_close(steps[name], chain[name], rtol=0, atol=0)
+        if name not in ("position", "path_prob"):
+            torch.testing.assert_close(tree[name], chain[name], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="parents"):
+        confidence_signals(logits, parents=[-1, 0])

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith.core.context import CONTEXT_SIGNAL
-from draftsmith.core.signals import AcceptanceModel, confidence_signals
+from draftsmith.core.signals import AcceptanceModel, confidence_signals, path_prob
 from draftsmith.decoding.online import OnlineAcceptance, round_outcomes
 from draftsmith.heads.base import (
     AcceptanceFn,
@@ -170,7 +170,7 @@ class DraftPolicy:
         def stop(position: int, logits: torch.Tensor, context_match: bool) -> bool:
             nonlocal raw_path
             signals = confidence_signals(logits[None])
-            raw_path *= float(signals["top1_prob"][0])
+            raw_path = path_prob(float(signals["top1_prob"][0]), raw_path)
             signals["position"] = torch.tensor([float(position)])
             signals["path_prob"] = torch.tensor([raw_path])
             signals[CONTEXT_SIGNAL] = torch.tensor([float(context_match)])
