@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Tests never reach the Hugging Face hub (nor probe it, `draftsmith.core.hub`): set before the
+# hub client is imported, which reads it once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 import pytest
 import torch
 from transformers import (

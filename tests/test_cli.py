@@ -251,6 +251,74 @@ def test_unknown_model(capsys):
     assert line.startswith("draftsmith fetch-model: error: 'no-such-model' is not a zoo model")
 
 
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """Hub access online, the hub unreachable (the probe faked): the probes made, listed."""
+    from huggingface_hub import constants
+
+    from draftsmith.core import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    probes = []
+    monkeypatch.setattr(hub, "hub_reachable", lambda: probes.append("probe") or False)
+    return probes
+
+
+@pytest.mark.parametrize("command", ["bench", "profile", "regenerate"])
+def test_an_unknown_model_fails_at_once_where_the_hub_cannot_be_reached(
+    unreachable_hub, command, tmp_path, capsys
+):
+    from huggingface_hub import constants
+
+    argv = {
+        "bench": ["bench", "--target", "no-such/model", "--drafter", "ngram"],
+        "profile": ["profile", "--target", "no-such/model"],
+        "regenerate": ["regenerate", "--target", "no-such/model", "--source", "stdlib"],
+    }[command]
+    if command == "regenerate":
+        argv += ["--out", str(tmp_path / "out.jsonl")]
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and len(err.splitlines()) == 1  # no retries logged before it
+    assert err.startswith(
+        f"draftsmith {command}: error: could not load model 'no-such/model' from 'no-such/model' "
+        "(no such local folder, the hub is offline or unreachable from here"
+    )
+    assert unreachable_hub == ["probe"]  # asked once
+    assert constants.HF_HUB_OFFLINE is True
+
+
+def test_a_local_folder_never_probes_the_hub(unreachable_hub, models, capsys):
+    from draftsmith.zoo import load_model
+
+    load_model(str(models / "target"), dtype="float32")
+    assert unreachable_hub == []
+
+
+def test_the_hub_probe_asks_once_and_a_failure_means_unreachable(monkeypatch):
+    import huggingface_hub.utils
+
+    from draftsmith.core.hub import hub_reachable
+
+    class Session:
+        def __init__(self, answer):
+            self.answer, self.asked = answer, []
+
+        def head(self, url, timeout):
+            self.asked.append((url, timeout))
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    for answer, reachable in [(OSError("Name or service not known"), False), ("200", True)]:
+        session = Session(answer)
+        monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda s=session: s)
+        assert hub_reachable.__wrapped__(timeout=0.5) is reachable
+        assert session.asked == [(session.asked[0][0], 0.5)]
+
+
 def test_missing_prompt_file(tmp_path, capsys):
     line = fails(capsys, bench("unused", "ngram", "no"))
     assert line == (

@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from draftsmith.core.attention import use_grouped_sdpa
+from draftsmith.core.hub import offline_unless_hub_reachable
 from draftsmith.core.parallel import (
     DeviceMap,
     check_device_map,
@@ -63,6 +64,7 @@ def load_pretrained(
     if sum(x is not None and x is not False for x in (device, device_map, tensor_parallel)) > 1:
         raise ValueError("give one of device, device_map and tensor_parallel, not several")
     name_or_path = path if name is None else name
+    offline = offline_unless_hub_reachable(path)  # an unreachable hub: no minute of retries
     logger.info("loading %s from %s (%s)", name_or_path, path, dtype)
     placement: dict = {}
     try:
@@ -80,10 +82,16 @@ def load_pretrained(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **placement)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as err:
+        why = (
+            "no such local folder, the hub is offline or unreachable from here and its local "
+            "cache does not hold it"
+            if offline
+            else " ".join(str(err).split())
+        )
         raise FileNotFoundError(
-            f"could not load model {name_or_path!r} from {path!r}: give a zoo name "
+            f"could not load model {name_or_path!r} from {path!r} ({why}): give a zoo name "
             "(smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local folder holding a "
-            f"transformers checkpoint, or a hub id where a hub is reachable ({err})"
+            "transformers checkpoint, or a hub id where a hub is reachable"
         ) from err
     if device is not None:
         model = model.to(device)

@@ -39,6 +39,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from draftsmith.core.home import HOME_ENV, default_home
+from draftsmith.core.hub import offline_unless_hub_reachable
 from draftsmith.zoo.catalogue import ZOO, WheelPart, ZooModel
 from draftsmith.zoo.convert import convert_gguf
 
@@ -134,10 +135,13 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, home: str | Path | No
 
     Lets every ``--model`` option take either a zoo name, a local folder or a hub id. Zoo names
     win over a folder of the same name in the working directory; write ``./name`` for that one.
+    A hub id where the hub cannot be reached switches hub access offline (one short probe), so
+    loading it fails at once instead of after a minute of retries.
     """
     text = os.fspath(name_or_path)
     if text in ZOO:
         return str(fetch_model(text, home=home))
+    offline_unless_hub_reachable(text)
     return text
 
 
