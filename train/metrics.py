@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from draftsmith.train.acceptance import ACCEPTANCE_SUMS
 from draftsmith.train.objectives import Agreement, ObjectiveOutput
 
-__all__ = ["Totals"]
+__all__ = ["Totals", "flat_record"]
 
 
 class Totals:
@@ -60,6 +60,21 @@ class Totals:
                 dict(zip(ACCEPTANCE_SUMS, sums, strict=True))
             )
         return record
+
+
+def flat_record(split: str, record: dict[str, Any]) -> dict[str, float]:
+    """A record as the trackers and the training curve key it, ``split/key``: a list becomes one
+    series per draft step (``split/key_k``, k from 1), its None entries left out; step and
+    split are not values."""
+    flat = {}
+    for key, value in record.items():
+        if key in ("step", "split"):
+            continue
+        if isinstance(value, list):
+            flat.update({f"{split}/{key}_{k + 1}": v for k, v in enumerate(value) if v is not None})
+        else:
+            flat[f"{split}/{key}"] = value
+    return flat
 
 
 def _acceptance_record(sums: dict[str, float]) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Where a run's records go: ``metrics.jsonl`` in the run folder, and experiment trackers (wandb) through Accelerate."""
+"""Where a run's records go: ``metrics.jsonl`` in the run folder, its training curve beside it
+(``training_curve.png``, `draftsmith.train.plots`), and experiment trackers (wandb) through
+Accelerate."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from tqdm.auto import tqdm
 
 from draftsmith.core.config import config_to_dict
 from draftsmith.train.config import TrainConfig
+from draftsmith.train.metrics import flat_record
+from draftsmith.train.plots import plot_training_curve
 
 __all__ = ["METRICS_FILE", "RunLog", "log_with", "wandb_mode"]
 
@@ -31,7 +35,9 @@ def log_with(config: TrainConfig) -> list[str] | None:
 
 class RunLog:
     """The records of one run: one JSON line each in ``metrics.jsonl`` (``{"step", "split",
-    ...}``), eval lines on the console, and every record sent to the accelerator's trackers.
+    ...}``), eval lines on the console, every record sent to the accelerator's trackers, and
+    the training curve redrawn after each evaluation (the final one included), so a run's
+    picture is never older than its last evaluation.
 
     Only the main process writes; every process calls `finish`.
     """
@@ -76,25 +82,25 @@ class RunLog:
                 f"step {step}: held-out loss {record['loss']:.4f}, top-1 agreement by step "
                 f"{record['top1']}, tau_sim {record['tau_sim']}"
             )
-        self.accelerator.log(_flatten(split, record), step=step)
+        self.accelerator.log(flat_record(split, record), step=step)
+        if split == "eval":
+            self._plot()
+
+    def _plot(self) -> None:
+        """Redraw the training curve. A figure that cannot be written is a warning, not the
+        end of the run: the metrics it is drawn from are on disk, and the artifact is not yet."""
+        try:
+            plot_training_curve(self.path)
+        except (OSError, ValueError) as error:
+            tqdm.write(
+                f"warning: the training curve was not drawn ({error}); draw it later with "
+                f"draftsmith plot-training {self.output_dir}"
+            )
 
     def finish(self) -> None:
         """Close the trackers. Accelerate's `end_training` also ends the process group, so this
         is the run's last collective call."""
         self.accelerator.end_training()
-
-
-def _flatten(split: str, record: dict[str, Any]) -> dict[str, float]:
-    """Tracker keys ``split/key``: lists become one series per draft step (1-based)."""
-    flat = {}
-    for key, value in record.items():
-        if key in ("step", "split"):
-            continue
-        if isinstance(value, list):
-            flat.update({f"{split}/{key}_{k + 1}": v for k, v in enumerate(value) if v is not None})
-        else:
-            flat[f"{split}/{key}"] = value
-    return flat
 
 
 def _truncate(path: Path, step: int) -> None:

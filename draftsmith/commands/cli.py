@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "train:TrainCommand",
         "train a drafter head in this process: RECIPE.yaml [key=value ...] (--help: all keys)",
     ),
+    "plot-training": (
+        "train:PlotTrainingCommand",
+        "draw a training run's curve (loss, top-1, tau_sim per step) to a PNG: RUN_DIR",
+    ),
     "prepare-data": (
         "data:PrepareDataCommand",
         "tokenize and pack a data source into training rows",

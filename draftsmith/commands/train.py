@@ -1,4 +1,5 @@
-"""``draftsmith train RECIPE.yaml [key=value ...]``: one training run from a YAML recipe."""
+"""``draftsmith train RECIPE.yaml [key=value ...]``: one training run from a YAML recipe;
+``draftsmith plot-training RUN_DIR``: its training curve as a PNG."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from draftsmith.core.config import config_help
 from draftsmith.heads import DraftHead, drafter_class, drafter_kinds
 from draftsmith.heads.trainable import head_class
 from draftsmith.train.config import TrainConfig, load_train_config
+from draftsmith.train.plots import plot_training_curve
+from draftsmith.train.tracking import METRICS_FILE
 from draftsmith.train.trainer import TrainResult, train
 
 
@@ -59,3 +62,21 @@ def check_output_dir(output_dir: Path) -> None:
                     "another output_dir (output_dir=runs/NAME) or move the file away"
                 )
             return
+
+
+@dataclass(kw_only=True)
+class PlotTrainingCommand:
+    """Draw a training run's curve from its metrics.jsonl to a PNG: loss, top-1 agreement by
+    draft step and held-out tau_sim(k) per optimizer step. Training draws the same picture
+    after each evaluation; this draws it again for a run on disk (one still running, one from
+    an older release)."""
+
+    run_dir: Path = field(metadata=POSITIONAL)
+    """The run folder (a recipe's output_dir), holding metrics.jsonl."""
+    out: Path | None = None
+    """PNG to write (default: RUN_DIR/training_curve.png)."""
+
+    def run(self) -> Path:
+        path = plot_training_curve(self.run_dir / METRICS_FILE, self.out)
+        print(f"training curve written to {path}")
+        return path
