@@ -21,13 +21,14 @@ from pathlib import Path
 from time import perf_counter
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from draftsmith.core.cache import cache_argument, crop_cache
+from draftsmith.core.cache import crop_cache
+from draftsmith.core.home import default_home
 from draftsmith.core.parallel import shards_agree
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import small_rows
-from draftsmith.core.home import default_home
+from draftsmith.core.target import Target
 from draftsmith.heads.base import Drafter
 
 RERUN = "rerun `draftsmith profile --target NAME` to measure it again"
@@ -257,7 +258,8 @@ def profile_target(
     name: str = "",
 ) -> CostCurve:
     """Time one target forward of n new tokens in each of `rows` rows, after a KV cache of
-    `context` positions per row, for each n in `sizes` (default `default_sizes(max_tokens)`):
+    `context` positions per row, for each n in `sizes` (default `default_sizes(max_tokens)`),
+    through `Target.extend_rows` as the decoder's verification runs it (logits cast to float32):
     the fastest of `repeats` runs, after a warm-up, and never less than a smaller block's (a
     larger block does at least its work). The tokens run causally, as a chain: a draft tree's
     mask changes what attends to what, not how much work the forward does. `name` is recorded
@@ -269,15 +271,14 @@ def profile_target(
     device = model.device
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
-    cache_kw = cache_argument(model)
-    cache = DynamicCache()
+    target = Target(model)
     prompt = torch.randint(vocab, (rows, context), generator=generator)
-    model(input_ids=prompt.to(device), use_cache=True, **{cache_kw: cache})
+    target.extend_rows(prompt.to(device), logits_to_keep=1)  # the cache is what it is for
 
     def verify(block: torch.Tensor) -> Callable[[], None]:
         def run() -> None:
-            model(input_ids=block, use_cache=True, **{cache_kw: cache})
-            crop_cache(cache, context)
+            target.extend_rows(block)
+            crop_cache(target.cache, context)
 
         return run
 

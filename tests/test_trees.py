@@ -62,6 +62,20 @@ def test_one_tree_forward_equals_each_branch_run_alone(implementation):
         torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("implementation", ["eager", "sdpa", GROUPED_SDPA])
+def test_one_sequences_tree_forward_is_a_one_row_batchs(implementation):
+    """`Target.extend_tree` passes the mask and positions a one-row `RaggedTarget` builds for the
+    same tree after the same cache: the same logits, bit for bit, and the block cached."""
+    model = tiny_model("llama", seed=0, attn_implementation=implementation)
+    prompt = [5, 6, 7, 8]
+    target = Target(model)
+    target.extend(torch.tensor(prompt))
+    logits, _ = target.extend_tree(TOKENS, PARENTS)
+    batched = _after_prompt(model, prompt).extend([TOKENS], [PARENTS])[0][0]
+    torch.testing.assert_close(logits, batched, rtol=0, atol=0)
+    assert target.length == len(prompt) + len(TOKENS)
+
+
 def test_an_attention_that_ignores_the_mask_is_refused(llama):
     target = _after_prompt(llama, [1, 2, 3])
     llama.config._attn_implementation = "flash_attention_2"

@@ -54,7 +54,9 @@ class BenchCommand(TargetPlacement):
     limit: int | None = None
     """Use the first N prompts; None: all."""
     dtype: Dtype = "auto"
-    """Precision of the target and draft model (auto: the checkpoint's own)."""
+    """Precision of the target and draft model (auto:
+    bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32
+    elsewhere)."""
     policy: str = DEFAULT_POLICY
     """How much to draft each round: cost-aware (maximise expected tokens per second under the
     target's measured verification cost, `draftsmith profile`, run here on first use, and fall

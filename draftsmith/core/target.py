@@ -1,9 +1,10 @@
 """The frozen target model: the one place its forward runs, for decoding, training and calibration.
 
 - Incremental (decoding): `Target.extend(tokens)` runs new tokens after the cached positions
-  and returns their logits and features; `Target.extend_rows` runs a batch of rows the same way.
-  `draftsmith.core.ragged.RaggedTarget` builds on it: draft trees under a tree attention mask,
-  each row's own cached length, and keeping only the accepted positions.
+  and returns their logits and features; `Target.extend_rows` runs a batch of rows the same way,
+  and `Target.extend_tree` one sequence's draft tree under its tree attention mask.
+  `draftsmith.core.ragged.RaggedTarget` builds on it: a batch's draft trees, each row's own
+  cached length, and keeping only the accepted positions.
 - Batched (training, the feature cache, teacher-forced calibration): `Target.batch(input_ids,
   loss_mask)` runs whole rows once and returns a `TargetBatch` with the loss-mask shift applied.
 
@@ -22,6 +23,7 @@ from transformers import DynamicCache, PreTrainedModel
 from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.cache import cache_argument
 from draftsmith.core.small_rows import small_rows
+from draftsmith.core.tree import additive_mask, ancestor_mask, tree_depths
 
 TREE_ATTENTION = ("eager", "sdpa", GROUPED_SDPA)
 """Attention implementations that apply a custom 4D mask as given (tested); others, e.g. flash
@@ -120,6 +122,26 @@ class Target:
         """
         logits, features = self.extend_rows(tokens[None], attention_mask, position_ids)
         return logits[0], None if features is None else features[0]
+
+    def extend_tree(
+        self, tokens: torch.Tensor, parents: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run a draft tree tokens (m,) with parents (m,) (as `draftsmith.core.tree`: -1 continues
+        the cache) after every cached position, under its 4D attention mask and explicit positions
+        (the cached length plus each row's depth), as a draft's verification passes them. A chain
+        (`chain_parents`) runs so too, attending causally through the mask: attention then takes
+        the masked kernel path, which may round unlike the model's own causal masking. Returns
+        `extend`'s logits (m, V) and features (m, F) or None."""
+        check_custom_masks(self.model, "a draft tree's")
+        cached, m = self.length, parents.numel()
+        visible = torch.ones(m, cached + m, dtype=torch.bool)
+        visible[:, cached:] = ancestor_mask(parents)
+        device = self.model.device
+        return self.extend(
+            tokens,
+            attention_mask=additive_mask(visible, self.model.dtype).to(device),
+            position_ids=(cached + tree_depths(parents))[None].to(device),
+        )
 
     def extend_rows(
         self,

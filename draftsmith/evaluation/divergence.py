@@ -7,7 +7,9 @@ only where the two tokens are a near-tie within the run's own measured error the
 position in: blocks over a cache (`RESCORE_BLOCKS`), with the model's causal masking and under an
 explicit mask as a draft's verification runs them, the prompt's row of its left-padded batch,
 and plain `generate` itself replayed to that position (a `PlainReplay` of the caller's own plain
-run). The benchmark and the side-by-side scripts share this judge.
+run). Every forward runs through `draftsmith.core.target.Target`, as the decoder's do (blocks
+over a cache on its CPU linear kernels, `small_rows`). The benchmark and the side-by-side scripts
+share this judge.
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from draftsmith.core.cache import cache_argument, crop_cache, returned_cache
+from draftsmith.core.cache import crop_cache
 from draftsmith.core.ragged import left_padded
-from draftsmith.core.target import TREE_ATTENTION
-from draftsmith.core.tree import additive_mask
-from draftsmith.heads.blocks import causal_mask
+from draftsmith.core.target import TREE_ATTENTION, Target
+from draftsmith.core.tree import chain_parents
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class DivergenceJudge:
 
 def next_logits(model: PreTrainedModel, prefix: torch.Tensor) -> torch.Tensor:
     """The next-token logits (V,) after prefix (T,), from one cache-free forward."""
-    return model(input_ids=prefix[None], use_cache=False).logits[0, -1]
+    return Target(model).forward(prefix[None])[1][0, -1]
 
 
 def next_logits_by_shape(
@@ -153,33 +154,25 @@ def next_logits_by_shape(
     first row of a block continued by `after` (plain's next tokens), and as the last row of a
     block of prefix's last m tokens, each over a cache of the rest, with the model's own causal
     masking and, where it applies custom masks, under an explicit mask as a draft's verification
-    passes one (attention may then take another kernel path: `grouped_sdpa_attention` stacks
-    the query heads that share a key/value head). One prefill, cropped to each block's start
-    (the shrinking caches come last)."""
+    passes one (`Target.extend_tree` on a chain: attention may then take another kernel path,
+    `grouped_sdpa_attention` stacking the query heads that share a key/value head). One
+    prefill, cropped to each block's start (the shrinking caches come last)."""
     rows = [next_logits(model, prefix)]
     if prefix.numel() < 2:
         return torch.stack(rows)
-    argument = cache_argument(model)
-    cache = returned_cache(model(input_ids=prefix[None, :-1], use_cache=True))
+    target = Target(model)
+    target.extend_rows(prefix[None, :-1], logits_to_keep=1)  # the cache is what it is for
     masks = (False, True) if model.config._attn_implementation in TREE_ATTENTION else (False,)
 
     def block_logits(block: torch.Tensor, masked: bool) -> torch.Tensor:
         """The logits (m, V) of block (m,) after the cache, which then drops it again; masked:
-        under an explicit causal mask with explicit positions."""
-        cached = cache.get_seq_length()
-        explicit = {}
+        as a draft tree, under an explicit mask and positions."""
+        cached = target.length
         if masked:
-            m = block.numel()
-            explicit = {
-                "attention_mask": additive_mask(causal_mask(m, cached), model.dtype).to(
-                    model.device
-                ),
-                "position_ids": torch.arange(cached, cached + m, device=model.device)[None],
-            }
-        logits = model(
-            input_ids=block[None], use_cache=True, **{argument: cache}, **explicit
-        ).logits[0]
-        crop_cache(cache, cached)
+            logits, _ = target.extend_tree(block, chain_parents(block.numel()))
+        else:
+            logits, _ = target.extend(block)
+        crop_cache(target.cache, cached)
         return logits
 
     for m, masked in itertools.product(RESCORE_BLOCKS, masks):
@@ -187,7 +180,7 @@ def next_logits_by_shape(
             rows.append(block_logits(torch.cat([prefix[-1:], after[: m - 1]]), masked)[0])
     for m in RESCORE_BLOCKS:
         if 1 < m < prefix.numel():
-            crop_cache(cache, prefix.numel() - m)
+            crop_cache(target.cache, prefix.numel() - m)
             rows.extend(block_logits(prefix[-m:], masked)[-1] for masked in masks)
     return torch.stack(rows)
 
@@ -205,25 +198,12 @@ def next_logits_in_batch(
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     ids, mask, positions = (x.to(model.device) for x in (ids, mask, positions))
     blocks = [m for m in RESCORE_BLOCKS if m < min(p.numel() for p in prefixes)]
-    cache = returned_cache(
-        model(
-            input_ids=ids[:, :-1],
-            attention_mask=mask[:, :-1],
-            position_ids=positions[:, :-1],
-            use_cache=True,
-        )
-    )
-    argument = cache_argument(model)
+    target = Target(model)
+    target.extend_rows(ids[:, :-1], mask[:, :-1], positions[:, :-1], logits_to_keep=1)
     rows = []
     for m in blocks:
-        crop_cache(cache, width - m)
-        logits = model(
-            input_ids=ids[:, -m:],
-            attention_mask=mask,
-            position_ids=positions[:, -m:],
-            use_cache=True,
-            **{argument: cache},
-        ).logits
+        crop_cache(target.cache, width - m)
+        logits, _ = target.extend_rows(ids[:, -m:], mask, positions[:, -m:])
         rows.append(logits[row, -1])
     return torch.stack(rows)
 
