@@ -3,8 +3,9 @@
 # modules and chat transcripts (train modules and conversations to train on, held-out modules to
 # evaluate and calibrate on: data in the target's own words), train an EAGLE-3 head, export it
 # to runs/quickstart/drafter, calibrate its confidence on the held-out continuations, and
-# benchmark it against plain generation on the bundled prompts. About 30 minutes on a 2-core
-# CPU with bf16 units (AMX), in bfloat16; a CPU without them runs it in float32 (longer).
+# benchmark it against plain generation on the bundled prompts. Every step runs at --dtype auto,
+# the hardware's fast precision: bfloat16 on a CPU with bf16 matrix units (AMX, AVX512-BF16;
+# about 30 minutes on 2 cores), float32 on one without them (longer).
 # Rerunning it reuses the continuations.
 #
 #   bash scripts/quickstart.sh [key=value ...]     (recipe overrides, e.g. max_steps=60)
@@ -15,26 +16,20 @@ train=runs/data/smollm2-135m/stdlib-train-continued.jsonl
 chat=runs/data/smollm2-135m/chitchat-train-continued.jsonl
 heldout=runs/data/smollm2-135m/stdlib-heldout-continued.jsonl
 
-# bfloat16 only pays on a CPU with bf16 matrix units (AMX, AVX512-BF16); elsewhere it is several
-# times slower than float32.
-dtype=float32 precision=no
-if grep -qE 'amx_bf16|avx512_bf16' /proc/cpuinfo 2>/dev/null; then dtype=bfloat16 precision=bf16; fi
-echo "target precision: $dtype"
-
 draftsmith fetch-model smollm2-135m
-draftsmith regenerate --target smollm2-135m --source stdlib --split train --dtype "$dtype" \
+draftsmith regenerate --target smollm2-135m --source stdlib --split train \
     --max-new-tokens 128 --batch-size 64 --max-records 1024 --prompts-per-document 4 \
     --out "$train"
 draftsmith regenerate --target smollm2-135m --source chitchat-transcripts --split train \
-    --dtype "$dtype" --max-new-tokens 128 --batch-size 64 --max-records 256 \
+    --max-new-tokens 128 --batch-size 64 --max-records 256 \
     --prompts-per-document 2 --out "$chat"
-draftsmith regenerate --target smollm2-135m --source stdlib --split heldout --dtype "$dtype" \
+draftsmith regenerate --target smollm2-135m --source stdlib --split heldout \
     --max-new-tokens 128 --batch-size 64 --max-records 512 --prompts-per-document 8 \
     --out "$heldout"
 accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
     recipes/smollm2-135m/eagle3.yaml output_dir="$out" "data.source=[$train, $chat]" \
-    eval_data.source="$heldout" target_dtype="$dtype" mixed_precision="$precision" "$@"
-draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout" --dtype "$dtype"
-draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" --dtype "$dtype" \
+    eval_data.source="$heldout" "$@"
+draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout"
+draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" \
     --json "$out/bench.json"
 echo "artifact: $out/drafter (calibration report: $out/drafter/calibration/report.md)"

@@ -205,3 +205,10 @@ def own_home(request, tmp_path_factory, monkeypatch):
     temporary one, not the user's; `slow` tests keep the real home, where the zoo's models are."""
     if request.node.get_closest_marker("slow") is None:
         monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path_factory.mktemp("home")))
+
+
+@pytest.fixture(autouse=True)
+def cpu_without_bf16_units(monkeypatch):
+    """dtype auto resolves as on a CPU without bf16 matrix units (float32, the tiny models' own
+    precision) whatever this machine has, so no test depends on it; a test fakes units itself."""
+    monkeypatch.setattr("draftsmith.core.models.bf16_matrix_units", lambda: [])

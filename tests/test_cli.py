@@ -25,6 +25,7 @@ from draftsmith.commands.flags import (
     from_flags,
     parser_for,
 )
+from draftsmith.core.models import bf16_matrix_units  # the real one: the conftest fakes it
 from draftsmith.zoo import UnknownModelError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -317,6 +318,53 @@ def test_the_hub_probe_asks_once_and_a_failure_means_unreachable(monkeypatch):
         monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda s=session: s)
         assert hub_reachable.__wrapped__(timeout=0.5) is reachable
         assert session.asked == [(session.asked[0][0], 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "dtype"),
+    [(False, False, "float32"), (False, True, "bfloat16"), (True, False, "bfloat16")],
+)
+def test_dtype_auto_is_the_cpus_fast_precision(
+    models, tmp_path, monkeypatch, caplog, amx, avx512_bf16, dtype
+):
+    """bench's default --dtype auto: bfloat16 where the CPU has bf16 matrix units (AMX or
+    AVX-512 BF16, the capability probes faked), float32 where it has none."""
+    import logging
+
+    import torch
+
+    # The real rule (the conftest fakes a CPU without units), on faked capability probes.
+    monkeypatch.setattr("draftsmith.core.models.bf16_matrix_units", bf16_matrix_units)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    file = prompts(tmp_path, '{"prompt": "def f(x):"}')
+    out = tmp_path / "report.json"
+    argv = [*bench(models / "target", "ngram", file), "--policy", "fixed", "--json", str(out)]
+    with caplog.at_level(logging.INFO, logger="draftsmith.core.models"):
+        main([*argv, "--max-new-tokens", "2"])
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dtype auto")]
+    assert said and said[0].startswith(f"dtype auto: {dtype} (this CPU has")
+    assert ("no bf16 matrix units" in said[0]) == (dtype == "float32")
+    loaded = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loading ")]
+    assert loaded and all(m.endswith(f"(torch.{dtype})") for m in loaded)
+    report = json.loads(out.read_text())
+    assert report["config"]["dtype"] == "auto" and report["overall"]["n_prompts"] == 1
+
+
+def test_dtype_auto_follows_the_device():
+    import torch
+
+    from draftsmith.core.models import load_device, resolve_dtype
+
+    assert resolve_dtype("bfloat16", "cpu") is torch.bfloat16  # a named precision stays
+    assert resolve_dtype("auto", "cpu") is torch.float32  # the conftest's CPU without units
+    assert load_device() == torch.device("cpu")
+    assert load_device(device_map={"model.embed_tokens": 1, "lm_head": 0}) == torch.device(
+        "cuda", 1
+    )
+    assert load_device(device_map={"model": "cpu"}) == torch.device("cpu")
+    with pytest.raises(ValueError, match="unknown dtype 'half'"):
+        resolve_dtype("half")
 
 
 def test_missing_prompt_file(tmp_path, capsys):

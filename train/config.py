@@ -28,7 +28,8 @@ class TrainConfig:
     target: str
     """The frozen target: zoo name (smollm2-135m, ...), local folder or hub id."""
     target_dtype: Dtype = "auto"
-    """Precision the target runs in (auto: its checkpoint's)."""
+    """Precision the target runs in (auto: the device's fast one: bfloat16 on a GPU and on a CPU
+    with bf16 matrix units, float32 elsewhere)."""
     head: str
     """Head kind, as registered (eagle3, eagle, mtp, medusa, distilled, ...)."""
     head_args: dict[str, Any] | HeadConfig = field(default_factory=dict)
@@ -67,7 +68,8 @@ class TrainConfig:
     clip_grad_norm: float | None = 1.0
     """Clip the gradient's global L2 norm to this; None: no clipping."""
     mixed_precision: MixedPrecision = "auto"
-    """Autocast of the head: no, bf16, fp16, or auto (bf16 on a GPU that has it, else no)."""
+    """Autocast of the head: no, bf16, fp16, or auto (bf16 where target_dtype auto is bfloat16:
+    a GPU that has it, a CPU with bf16 matrix units; else no)."""
     seed: int = 0
     """Seeds the data order and every RNG (a head seeds its own init: head_args.seed)."""
     checkpoint_every: int = 0
@@ -91,6 +93,9 @@ class TrainConfig:
     """Weights & Biases project."""
     wandb_mode: Literal["online", "offline", "disabled"] | None = None
     """None: $WANDB_MODE if set, else offline (logs under output_dir/wandb, `wandb sync` later)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to output_dir/tensorboard (needs the tensorboard
+    package: pip install tensorboard)."""
 
     def __post_init__(self) -> None:
         try:

@@ -38,7 +38,7 @@ from transformers import (
 
 from draftsmith.artifact import load_head, save_artifact
 from draftsmith.core.config import ConfigError, config_to_dict, save_config
-from draftsmith.zoo import load_model
+from draftsmith.core.models import resolve_dtype
 from draftsmith.data.documents import build_dataset
 from draftsmith.heads import DraftHead, build_head, fit_draft_vocab  # registers every kind
 from draftsmith.train.acceptance import build_acceptance_head
@@ -63,6 +63,7 @@ from draftsmith.train.head_objective import HeadObjective
 from draftsmith.train.metrics import Totals
 from draftsmith.train.sampler import EpochSampler
 from draftsmith.train.tracking import RunLog, log_with
+from draftsmith.zoo import load_model
 
 __all__ = ["TrainResult", "Trainer", "train"]
 
@@ -125,7 +126,10 @@ class Trainer:
         """What this run added to the feature cache (rows, seconds, tokens_per_s); logged by fit."""
 
         if target is None or tokenizer is None:
-            target, tokenizer = load_model(config.target, dtype=config.target_dtype)
+            # On the accelerator's device, so that target_dtype auto is that device's precision.
+            target, tokenizer = load_model(
+                config.target, dtype=config.target_dtype, device=str(acc.device)
+            )
         self.target = target.eval().requires_grad_(False).to(acc.device)
         train_rows = packed_rows(build_dataset(config.data, tokenizer))
         head = build_head(config.head, self.target, config.head_args).to(acc.device)
@@ -411,8 +415,9 @@ def _submodule(weights: dict[str, torch.Tensor], name: str) -> dict[str, torch.T
 
 
 def _mixed_precision(setting: str) -> str:
-    """auto: bf16 on a CUDA device that has it; else full precision (CPU autocast is opt-in:
-    it is only faster on CPUs with bf16 matrix units)."""
+    """auto: bf16 where dtype auto is bfloat16 (a CUDA device that has it, a CPU with bf16 matrix
+    units: `resolve_dtype`), else full precision."""
     if setting != "auto":
         return setting
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "bf16" if resolve_dtype("auto", device) == torch.bfloat16 else "no"

@@ -59,7 +59,9 @@ class CalibrateCommand(CalibrateConfig):
     """Also write the result here as JSON (the --evaluate-only report, or the calibration
     summary); outside the artifact."""
     dtype: Dtype = "auto"
-    """Precision of the target (auto: its checkpoint's own)."""
+    """Precision of the target (auto:
+    bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32
+    elsewhere)."""
     draft_tokens: int = 4
     """decode: most tokens drafted per round."""
 

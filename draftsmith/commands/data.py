@@ -78,7 +78,9 @@ class RegenerateCommand(RegenerateConfig):
     split: Split = "train"
     """Which split of the source to regenerate."""
     dtype: Dtype = "auto"
-    """Precision of the model that writes (auto: its checkpoint's own)."""
+    """Precision of the model that writes (auto:
+    bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32
+    elsewhere)."""
     draft: str | None = None
     """On-policy data (DistillSpec): the draft model writes the answers instead of the target,
     and training scores them with the target's distributions. A zoo name or folder of a causal

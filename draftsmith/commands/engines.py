@@ -43,7 +43,9 @@ class ExportCommand:
     draft_tokens: int = 3
     """Speculative tokens the speculators config proposes."""
     dtype: Dtype = "auto"
-    """Precision of the target, and so of the exported weights (auto: the checkpoint's own)."""
+    """Precision of the target, and so of the exported weights (auto:
+    bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32
+    elsewhere)."""
 
     def run(self) -> Path:
         config = read_artifact_config(self.artifact)
@@ -74,7 +76,9 @@ class ImportCommand:
     out: Path
     """New artifact directory to write."""
     dtype: Dtype = "auto"
-    """Precision of the target, and so of the artifact's weights."""
+    """Precision of the target, and so of the artifact's weights (auto:
+    bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32
+    elsewhere)."""
 
     def run(self) -> Path:
         layout = foreign_layout(self.source)

@@ -38,7 +38,9 @@ class ProfileCommand(TargetPlacement):
     """The drafter whose cost per draft step to measure too: draft-model:NAME_OR_PATH,
     ngram[:MAX_N] or artifact:PATH; None: the target only."""
     dtype: Dtype = "auto"
-    """Precision of the target and draft model (auto: the checkpoint's own)."""
+    """Precision of the target and draft model (auto:
+    bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32
+    elsewhere)."""
     max_tokens: int = 64
     """Largest verified block timed, in tokens."""
     context: int = 256
