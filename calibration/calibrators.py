@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from draftsmith.calibration.io import read_calibration, write_calibration
+from draftsmith.core.registry import Registry
 from draftsmith.core.signals import KNOWN_SIGNALS, PROBABILITY_SIGNALS, signal_matrix
 
 Features = np.ndarray | torch.Tensor | Mapping[str, np.ndarray | torch.Tensor]
@@ -29,27 +30,18 @@ signals (N,) by name (`confidence_signals` output, concatenated over drafts)."""
 DESCRIPTION_KEYS = ("kind", "signals", "params", "selection")
 """The keys of `Calibrator.to_dict` (selection only from auto); calibration.json adds metadata."""
 
-_REGISTRY: dict[str, type[Calibrator]] = {}
+CALIBRATORS: Registry[type[Calibrator]] = Registry("calibrator kind")
+"""Every calibrator kind by name (calibration.json names the kind it holds)."""
 
 
 def register_calibrator(kind: str) -> Callable[[type[Calibrator]], type[Calibrator]]:
     """Class decorator: make a calibrator kind buildable and loadable by name."""
-
-    def register(cls: type[Calibrator]) -> type[Calibrator]:
-        if kind in _REGISTRY:
-            raise ValueError(f"calibrator kind {kind!r} is already registered by {_REGISTRY[kind]}")
-        _REGISTRY[kind] = cls
-        cls.kind = kind
-        return cls
-
-    return register
+    return CALIBRATORS.register(kind)
 
 
 def calibrator_class(kind: str) -> type[Calibrator]:
-    """The class registered as `kind`; a ValueError listing the known kinds otherwise."""
-    if kind not in _REGISTRY:
-        raise ValueError(f"unknown calibrator kind {kind!r}; known kinds: {sorted(_REGISTRY)}")
-    return _REGISTRY[kind]
+    """The class registered as `kind`; an `UnknownNameError` listing the kinds otherwise."""
+    return CALIBRATORS[kind]
 
 
 def build_calibrator(

@@ -12,11 +12,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import torch
 
 from draftsmith.core.context import ContextIndex
+from draftsmith.core.registry import Registry
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.tree import chain_parents, check_parents, is_chain, tree_depths
 
@@ -376,30 +377,21 @@ class RowDrafters:
         """Only `rows` (in that order) decode from now on; the others finished."""
 
 
-_REGISTRY: dict[str, type] = {}
-Registered = TypeVar("Registered", bound=type)
+DRAFTERS: Registry[type] = Registry("drafter kind")
+"""Every drafter kind by name: a `Drafter`, or a trainable `DraftHead` whose `as_drafter` gives
+one (the kinds an artifact can hold)."""
 
 
-def register_drafter(kind: str) -> Callable[[Registered], Registered]:
-    """Class decorator: make a drafter kind buildable by name. The class is a `Drafter`, or a
-    trainable `DraftHead` whose `as_drafter` gives one (the kinds an artifact can hold)."""
-
-    def register(cls: Registered) -> Registered:
-        if kind in _REGISTRY:
-            raise ValueError(f"drafter kind {kind!r} is already registered by {_REGISTRY[kind]}")
-        _REGISTRY[kind] = cls
-        cls.kind = kind
-        return cls
-
-    return register
+def register_drafter(kind: str) -> Callable[[type], type]:
+    """Class decorator: make a drafter kind buildable by name (its `kind` set to it)."""
+    return DRAFTERS.register(kind)
 
 
 def drafter_class(kind: str) -> type:
-    if kind not in _REGISTRY:
-        raise KeyError(f"unknown drafter kind {kind!r}; known kinds: {sorted(_REGISTRY)}")
-    return _REGISTRY[kind]
+    """The class registered as `kind`; an `UnknownNameError` listing the kinds otherwise."""
+    return DRAFTERS[kind]
 
 
 def drafter_kinds() -> list[str]:
     """Every registered kind, sorted."""
-    return sorted(_REGISTRY)
+    return DRAFTERS.names()

@@ -139,10 +139,7 @@ class DraftHead(nn.Module, ABC):
 
 def head_class(kind: str) -> type[DraftHead]:
     """The trainable head registered as `kind` (ValueError: unknown, or nothing to train)."""
-    try:
-        cls = drafter_class(kind)
-    except KeyError as error:
-        raise ValueError(str(error.args[0])) from None
+    cls = drafter_class(kind)
     if not issubclass(cls, DraftHead):
         raise ValueError(f"drafter kind {kind!r} has nothing to train (it is not a DraftHead)")
     return cls

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from draftsmith.core.registry import UnknownNameError
 from draftsmith.zoo import ZOO_NAMES
 from draftsmith.zoo import fetch as zoo
 
@@ -103,7 +104,7 @@ def test_resolve_maps_zoo_name_to_its_folder(calls, tmp_path):
 
 
 def test_fetch_unknown_name_lists_the_zoo(tmp_path):
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(UnknownNameError) as info:
         zoo.fetch_model("gpt-5", home=tmp_path)
     assert isinstance(info.value, zoo.UnknownModelError)
     message = str(info.value)

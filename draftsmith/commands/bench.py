@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from draftsmith.build.placement import TargetPlacement
 from draftsmith.build.policies import AUTO_TREE, policy_from_spec
-from draftsmith.commands.flags import Range, at_least, between
+from draftsmith.build.flags import Range, at_least, between
 from draftsmith.core.models import Dtype
 from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
 from draftsmith.evaluation.benchmark import bundled_prompts

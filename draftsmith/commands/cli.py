@@ -1,7 +1,7 @@
 """The `draftsmith` command line: speculative-decoding drafters on a frozen target.
 
 Each subcommand is a dataclass with a ``run()`` method (its fields are its flags, see
-`draftsmith.commands.flags`), imported only when chosen so ``draftsmith --help`` stays fast.
+`draftsmith.build.flags`), imported only when chosen so ``draftsmith --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import NoReturn
 
-from draftsmith.commands.flags import from_flags, parser_for
+from draftsmith.build.flags import from_flags, parser_for
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "fetch-model": ("fetch:FetchModelCommand", "fetch a zoo model and print its folder"),
@@ -114,10 +114,10 @@ def run_command(
 
 def _fail(prog: str, error: Exception) -> NoReturn:
     # Imported here, on the way out: `draftsmith --help` need not pay for the zoo's imports.
-    from draftsmith.zoo import ModelFetchError, UnknownModelError
+    from draftsmith.zoo import ModelFetchError
 
     message = " ".join(str(error).split())  # one line, whatever the message's own layout
-    if isinstance(error, (ValueError, OSError, UnknownModelError, ModelFetchError)):
+    if isinstance(error, (ValueError, OSError, ModelFetchError)):  # UnknownNameError included
         print(f"{prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
     print(

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.core.home import HOME_ENV, default_home
 from draftsmith.core.hub import offline_unless_hub_reachable
+from draftsmith.core.registry import UnknownNameError
 from draftsmith.zoo.catalogue import ZOO, WheelPart, ZooModel
 from draftsmith.zoo.convert import convert_gguf
 
@@ -58,12 +59,8 @@ class ModelFetchError(RuntimeError):
     """A zoo model could not be downloaded, verified or converted."""
 
 
-class UnknownModelError(KeyError):
+class UnknownModelError(UnknownNameError):
     """`fetch_model` was given a name that is not in the zoo."""
-
-    def __str__(self) -> str:
-        # KeyError's own __str__ shows the repr of its argument, quotes and escaped newlines included.
-        return str(self.args[0]) if self.args else ""
 
 
 # --------------------------------------------------------------------------------------------

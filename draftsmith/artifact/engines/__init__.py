@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +31,25 @@ from draftsmith.artifact.engines.eagle3 import (
 from draftsmith.artifact.engines.medusa import read_medusa_repo, read_vllm_medusa, write_vllm_medusa
 from draftsmith.artifact.save import own_tensors
 from draftsmith.artifact.staging import staged_directory
+from draftsmith.core.registry import Registry
 from draftsmith.heads.blocks import to_target_precision
 from draftsmith.heads.trainable import DraftHead, head_class, head_config
 
-EXPORT_FORMATS = ("speculators", "sglang", "vllm-medusa")
+Writer = Callable[..., None]
+"""writer(head, target, out, *, verifier, draft_tokens): the head in one format, written into out."""
 
-_READERS = {
-    "speculators": ("eagle3", read_speculators, ("model.safetensors",)),
-    "eagle": ("eagle3", read_eagle, ("model.safetensors",)),
-    "vllm-medusa": ("medusa", read_vllm_medusa, ("model.safetensors",)),
-    "medusa-repo": ("medusa", read_medusa_repo, ("medusa_lm_head.safetensors",)),
-}
+EXPORTERS: Registry[Writer] = Registry("export format")
+EXPORTERS.add("speculators", write_speculators)
+EXPORTERS.add("sglang", lambda head, target, out, **_: write_sglang(head, target, out))
+EXPORTERS.add("vllm-medusa", lambda head, target, out, **_: write_vllm_medusa(head, target, out))
+EXPORT_FORMATS = tuple(EXPORTERS.names())
+
+READERS: Registry[tuple[str, Callable[..., Any], tuple[str, ...]]] = Registry("engine layout")
+"""Per layout: the head kind it holds, its reader and the safetensors files it keeps."""
+READERS.add("speculators", ("eagle3", read_speculators, ("model.safetensors",)))
+READERS.add("eagle", ("eagle3", read_eagle, ("model.safetensors",)))
+READERS.add("vllm-medusa", ("medusa", read_vllm_medusa, ("model.safetensors",)))
+READERS.add("medusa-repo", ("medusa", read_medusa_repo, ("medusa_lm_head.safetensors",)))
 
 
 def export_head(
@@ -58,18 +67,12 @@ def export_head(
     config; vLLM serves the folder with that model as the target). draft_tokens (speculators
     only): the number of speculative tokens the config proposes.
     """
-    if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; choose one of {list(EXPORT_FORMATS)}")
+    write = EXPORTERS[fmt]
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty: choose a new directory")
     with staged_directory(out) as tmp:
-        if fmt == "speculators":
-            write_speculators(head, target, tmp, verifier=verifier, draft_tokens=draft_tokens)
-        elif fmt == "sglang":
-            write_sglang(head, target, tmp)
-        else:
-            write_vllm_medusa(head, target, tmp)
+        write(head, target, tmp, verifier=verifier, draft_tokens=draft_tokens)
     return out
 
 
@@ -99,10 +102,10 @@ def import_head(path: str | os.PathLike, target: PreTrainedModel) -> DraftHead:
     layout = foreign_layout(folder)
     if layout is None:
         raise ValueError(
-            f"{folder} holds no head in a layout draftsmith imports ({', '.join(_READERS)}): "
+            f"{folder} holds no head in a layout draftsmith imports ({', '.join(READERS.names())}): "
             "its config.json is missing or names none of them"
         )
-    kind, read, names = _READERS[layout]
+    kind, read, names = READERS[layout]
     config = _read_config(folder)
     tensors = read_safetensors(folder, names)
     where = folder / names[0]
