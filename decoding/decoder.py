@@ -115,11 +115,16 @@ class SpeculativeDecoder:
         *,
         policy: DraftPolicy | None = None,
         verifier: Verifier | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """clock: seconds, read to time each round for the policy and each output's stats (a
+        fake one, given to the policy too, makes what the policy decides deterministic in
+        tests); the default policy shares it."""
         self.target = target.eval()
         self.drafter = drafter
         self.tokenizer = tokenizer
-        self.policy = policy or CostAwarePolicy()
+        self.clock = clock
+        self.policy = policy or CostAwarePolicy(clock=clock)
         self.verifier = verifier or LosslessVerifier()
         config = target.config.get_text_config()
         self.vocab_size: int = config.vocab_size
@@ -203,7 +208,7 @@ class SpeculativeDecoder:
     ) -> None:
         """Prefill the prompts ids, then draft and verify round after round until every row
         finished."""
-        started = time.perf_counter()
+        started = self.clock()
         drafters = self._row_drafters(len(rows))
         target = RaggedTarget(self.target, self.drafter.target_feature_layers, len(rows))
         _prefill(target, ids, drafters)
@@ -212,11 +217,11 @@ class SpeculativeDecoder:
         )
         active = rows
         while active:
-            round_started = time.perf_counter()
+            round_started = self.clock()
             drafts = self._drafts(drafters, active, max_new_tokens, sampling)
-            draft_s = time.perf_counter() - round_started
+            draft_s = self.clock() - round_started
             paths = self._verify(target, drafters, active, drafts, sampling, stop_strings, on_round)
-            round_s = time.perf_counter() - round_started
+            round_s = self.clock() - round_started
             draft_s, round_s = shards_agree(self.target, [draft_s, round_s])
             self.policy.observe_round(
                 [
@@ -224,7 +229,11 @@ class SpeculativeDecoder:
                     for draft, path in zip(drafts, paths, strict=True)
                 ]
             )
-            still = [b for b, row in enumerate(active) if not row.finish(max_new_tokens, started)]
+            still = [
+                b
+                for b, row in enumerate(active)
+                if not row.finish(max_new_tokens, started, self.clock)
+            ]
             if len(still) < len(active):
                 active = [active[b] for b in still]
                 if active:
@@ -370,12 +379,13 @@ class _Row:
     end: int | None = None
     """Where an EOS token or stop string cut the output, once one appeared."""
 
-    def finish(self, max_new_tokens: int, started: float) -> bool:
-        """True, with the output cut and the stats final, once the row is done."""
+    def finish(self, max_new_tokens: int, started: float, clock: Callable[[], float]) -> bool:
+        """True, with the output cut and the stats final (timed since `started` on `clock`),
+        once the row is done."""
         if self.end is None and len(self.generated) < max_new_tokens:
             return False
         del self.generated[min(self.end or max_new_tokens, max_new_tokens) :]
-        self.stats.finish(len(self.generated), time.perf_counter() - started)
+        self.stats.finish(len(self.generated), clock() - started)
         return True
 
 

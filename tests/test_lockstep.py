@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 from collections import Counter
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import MarkovTarget, greedy_reference, perturbed_copy
+from conftest import Clock, MarkovTarget, greedy_reference, perturbed_copy
 from test_sampling_distribution import _sequence_distribution, _sequence_fits
 
 from draftsmith import SpeculativeDecoder
@@ -112,6 +111,16 @@ def _curve(verify_s: list[float]) -> CostCurve:
     return CostCurve(tokens=list(range(1, len(verify_s) + 1)), verify_s=verify_s, context=8)
 
 
+def _takes(clock: Clock, seconds: float):
+    """A forward pre-hook that moves `clock` on by `seconds`: what the module's forward costs
+    on the clock the decoder and its policy read."""
+
+    def advance(*_) -> None:
+        clock.now += seconds
+
+    return advance
+
+
 class _RecordingWidths(CostAwarePolicy):
     """Cost-aware, noting each round's draft sizes before and after its trim."""
 
@@ -132,11 +141,15 @@ def test_greedy_rows_drafted_in_lockstep_keep_one_width_and_the_targets_tokens(l
     # with the tokens, so rounds draft and keep fewer nodes than they draft.
     curve = _curve([1e-3 * (1 + 0.3 * n) for n in range(10)])
     draft = perturbed_copy(llama, scale=0.05)  # before the hook, which a copy would keep
-    slow = llama.register_forward_pre_hook(lambda *_: time.sleep(0.004))
+    clock = Clock(0.0)  # moved on only by the forwards
+    draft.register_forward_pre_hook(_takes(clock, 0.0005))
+    slow = llama.register_forward_pre_hook(_takes(clock, 0.004))
     try:
         for siblings in (0, 2):
-            policy = _RecordingWidths(siblings=siblings, cost=curve)
-            decoder = SpeculativeDecoder(llama, DraftModelDrafter(draft, True), policy=policy)
+            policy = _RecordingWidths(siblings=siblings, cost=curve, clock=clock)
+            decoder = SpeculativeDecoder(
+                llama, DraftModelDrafter(draft, True), policy=policy, clock=clock
+            )
             assert isinstance(decoder._row_drafters(len(prompts)), BatchedDraftModel)
             batch = decoder.generate_batch(prompts, max_new_tokens=24)
             assert [result.tokens for result in batch] == references
@@ -214,13 +227,17 @@ def test_rows_drafted_in_lockstep_sample_the_targets_distribution():
     prompts = [[0], [3, 1], [2, 0, 2]]
     exact = [_sequence_distribution(table, params, p[-1], length) for p in prompts]
     for siblings in (0, 2):
+        clock = Clock(0.0)  # moved on only by the target's forwards: drafting costs nothing
         policy = CostAwarePolicy(
-            max_draft_tokens=3, siblings=siblings, cost=_curve([1.0, 1.3, 1.6, 1.9, 2.2] * 2)
+            max_draft_tokens=3,
+            siblings=siblings,
+            cost=_curve([1.0, 1.3, 1.6, 1.9, 2.2] * 2),
+            clock=clock,
         )
         target = MarkovTarget(table)
         # Verifying must cost more than drafting for the policy to draft at all.
-        target.register_forward_pre_hook(lambda *_: time.sleep(0.003))
-        decoder = SpeculativeDecoder(target, drafter, policy=policy)
+        target.register_forward_pre_hook(_takes(clock, 0.003))
+        decoder = SpeculativeDecoder(target, drafter, policy=policy, clock=clock)
         counts = [Counter() for _ in prompts]
         drafted, accepted = Counter(), 0
         for call in range(calls):

@@ -3,7 +3,6 @@ and greedy identity whatever a policy decides."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import pytest
@@ -25,7 +24,7 @@ from draftsmith.decoding.policies import (
     RequestSize,
     RoundOutcome,
     SpecDecPlusPlusPolicy,
-    cost_aware,
+    cost_model,
 )
 from draftsmith.decoding.profile import CostCurve
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
@@ -50,9 +49,12 @@ def _curve(verify_s: list[float]) -> CostCurve:
 
 
 def _decode(llama, policy, max_new: int = 21, drafter=None):
+    """Greedy decoding checked against the target's own; a round takes the decoder 0.01 s a
+    clock reading, so what a cost-aware policy on its own clock decides is the same every run."""
     prompt = torch.tensor([2, 4, 6])
     drafter = drafter or DraftModelDrafter(llama)
-    result = SpeculativeDecoder(llama, drafter, policy=policy).generate(prompt, max_new)
+    decoder = SpeculativeDecoder(llama, drafter, policy=policy, clock=Clock(0.01))
+    result = decoder.generate(prompt, max_new)
     assert result.tokens == greedy_reference(llama, prompt, max_new)
     return result.stats
 
@@ -141,6 +143,7 @@ def test_cm_asd_drafts_long_when_confident_and_short_when_not():
 
 def test_cost_aware_drafts_long_when_verification_is_flat_and_acceptance_high(llama):
     policy = CostAwarePolicy(
+        clock=Clock(0.001),  # a drafter step: a tenth of a verification (`_decode`)
         siblings=0,
         max_draft_tokens=6,
         cost=_curve([1.0] * 8),
@@ -153,6 +156,7 @@ def test_cost_aware_drafts_long_when_verification_is_flat_and_acceptance_high(ll
 def test_cost_aware_drafts_nothing_when_each_token_costs_a_full_forward(llama):
     # Verifying n tokens costs n forwards: no acceptance below 1 makes a draft pay.
     policy = CostAwarePolicy(
+        clock=Clock(0.001),  # a drafter step: a tenth of a verification (`_decode`)
         siblings=0,
         max_draft_tokens=6,
         cost=_curve([float(n) for n in range(1, 9)]),
@@ -166,6 +170,7 @@ def test_cost_aware_drafts_nothing_when_each_token_costs_a_full_forward(llama):
 def test_cost_aware_stops_where_the_curve_steps_up(llama):
     # Up to 4 tokens cost one forward, beyond that each costs a full forward.
     policy = CostAwarePolicy(
+        clock=Clock(0.001),  # a drafter step: a tenth of a verification (`_decode`)
         siblings=0,
         max_draft_tokens=6,
         cost=_curve([1.0, 1.0, 1.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
@@ -175,30 +180,26 @@ def test_cost_aware_stops_where_the_curve_steps_up(llama):
     assert len(_decode(llama, policy).drafted_by_position) == 3
 
 
-def tick_clock(monkeypatch, tick: float) -> None:
-    """The cost-aware policy's perf_counter reads `tick` s later each time."""
-    monkeypatch.setattr(cost_aware, "perf_counter", Clock(tick))
-
-
 @pytest.mark.parametrize(("step_s", "drafted"), [(0.0, 8), (0.5, 3)])
-def test_the_first_round_stops_once_a_drafter_step_costs_more_than_it_adds(
-    monkeypatch, step_s, drafted
-):
+def test_the_first_round_stops_once_a_drafter_step_costs_more_than_it_adds(step_s, drafted):
     """No round has been timed yet, so the stop rule times the drafter's steps itself: at half a
     verification a step, with 0.9 acceptance, a 3-token chain is worth most (E / (0.5 n + 1))."""
-    tick_clock(monkeypatch, step_s)
     policy = CostAwarePolicy(
-        siblings=0, cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.9), recalibrate=False
+        clock=Clock(step_s),
+        siblings=0,
+        cost=_curve([1.0] * 10),
+        acceptance=ConstantCalibrator(0.9),
+        recalibrate=False,
     )
     assert _stop_length(policy, torch.zeros(1, 16)) == drafted
 
 
-def test_each_rows_chain_is_cut_on_its_own_acceptance(monkeypatch):
+def test_each_rows_chain_is_cut_on_its_own_acceptance():
     """Two rows' chains at a batch: the confident one keeps a token, the unsure one none (both
     stop rules were made before either row drafted)."""
-    tick_clock(monkeypatch, 0.0)
     cost = CostCurve(tokens=[1, 2, 4, 6, 8], verify_s=[1.0, 1.0, 1.2, 4.0, 6.0], context=8)
-    policy = CostAwarePolicy(siblings=0, cost=cost, recalibrate=False)  # raw top-1 probability
+    # recalibrate=False: the raw top-1 probability.
+    policy = CostAwarePolicy(clock=Clock(0.0), siblings=0, cost=cost, recalibrate=False)
     policy.shape(rows=2)
     confident, unsure = torch.full((1, 1000), -20.0), torch.zeros(1, 1000)
     confident[0, 0] = 0.0
@@ -216,13 +217,15 @@ _PAIR_PAYS = [1.0, 2.0, 2.1, 2.2]
 
 
 @pytest.mark.parametrize(("sampled", "kept"), [(False, 2), (True, 0)])
-def test_a_sampled_chain_is_not_kept_for_what_its_later_tokens_promise(monkeypatch, sampled, kept):
+def test_a_sampled_chain_is_not_kept_for_what_its_later_tokens_promise(sampled, kept):
     """A greedy chain keeps both tokens. A sampled one keeps neither: the second token's
     acceptance comes from the distribution drawn after the first token, so keeping the first for
     it would make the first token's fate depend on its own draw, and the output would no longer
     follow the target's distribution."""
-    tick_clock(monkeypatch, 0.0)
-    policy = CostAwarePolicy(siblings=0, cost=_curve(_PAIR_PAYS), recalibrate=False)  # raw top-1
+    # recalibrate=False: the raw top-1 probability.
+    policy = CostAwarePolicy(
+        clock=Clock(0.0), siblings=0, cost=_curve(_PAIR_PAYS), recalibrate=False
+    )
     policy.shape()
     stop = policy.stop_fn()
     q = torch.tensor([0.9, 0.1])
@@ -337,10 +340,14 @@ def _drafted_round(policy: CostAwarePolicy, draft_s: float, accepted: int) -> No
     policy.observe(outcome)
 
 
-def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_of(monkeypatch):
-    tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
+def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_of():
     policy = CostAwarePolicy(
-        siblings=0, cost=_curve([1.0] * 10), patience=0.25, first_backoff=2, probe_budget=0.05
+        clock=Clock(0.0),  # learning from a round takes no time here
+        siblings=0,
+        cost=_curve([1.0] * 10),
+        patience=0.25,
+        first_backoff=2,
+        probe_budget=0.05,
     )
     # The probe's first round has the drafter catch up on the prompt (3 s of drafting), the
     # next three commit one token each for 0.1 s of drafting (the third takes the loss past a
@@ -355,14 +362,12 @@ def test_a_probe_that_lost_much_buys_a_plain_stretch_its_loss_is_a_small_share_o
     assert stretch == 66  # 3.3 s is 5% of 66 plain seconds; the doubling alone would give 2
 
 
-def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it_was_ahead(
-    monkeypatch,
-):
+def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it_was_ahead():
     """Rejected drafts lose their 0.125 s of drafting each against 1 s plain steps: eight of them
     lose exactly the one plain step of patience, a ninth falls back; a round that commits 4
     tokens for 1.3 s puts speculation ahead and the count starts again."""
-    tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
-    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=1.0)
+    # Learning from a round takes no time here.
+    policy = CostAwarePolicy(clock=Clock(0.0), siblings=0, cost=_curve([1.0] * 10), patience=1.0)
     _drafted_round(policy, draft_s=0.1, accepted=0)  # catching up on the prompt
     for _ in range(5):
         _drafted_round(policy, draft_s=0.125, accepted=0)
@@ -375,13 +380,15 @@ def test_speculation_falls_back_once_it_has_lost_more_than_its_patience_since_it
 
 
 @pytest.mark.parametrize(("learning_s", "rounds"), [(0.0, 8), (0.125, 4)])
-def test_learning_from_a_drafted_round_is_a_cost_of_speculation(monkeypatch, learning_s, rounds):
+def test_learning_from_a_drafted_round_is_a_cost_of_speculation(learning_s, rounds):
     """Rejected drafts lose their 0.125 s of drafting each against 1 s plain steps, plus the time
     the policy takes to learn from the round (the online recalibration), outside the round the
     decoder timed: with none, eight rounds lose the one plain step of patience and a ninth falls
     back; with 0.125 s a round, four do and a fifth falls back."""
-    tick_clock(monkeypatch, learning_s)  # observe_round reads the clock before and after
-    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=1.0)
+    # observe_round reads the clock before and after.
+    policy = CostAwarePolicy(
+        clock=Clock(learning_s), siblings=0, cost=_curve([1.0] * 10), patience=1.0
+    )
     _drafted_round(policy, draft_s=0.1, accepted=0)  # catching up on the prompt
     for _ in range(rounds):
         _drafted_round(policy, draft_s=0.125, accepted=0)
@@ -405,7 +412,7 @@ def _planned_round(policy: CostAwarePolicy, accepted: bool) -> None:
 
 @pytest.mark.parametrize(("expected_patience", "rounds"), [(2.0, 23), (1e9, 81)])
 def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_show_it(
-    monkeypatch, expected_patience, rounds
+    expected_patience, rounds
 ):
     """Each round is expected to lose 0.1 s (1.2 tokens for 1.3 s against plain's 1 s a token)
     and does, on average, as one round in five commits two tokens. Two rounds are not judged:
@@ -413,8 +420,8 @@ def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_s
     catches up in both). So the expectation passes the two plain steps of `expected_patience`
     in the 23rd round, while what the rounds committed, which each lucky round puts 0.7 s
     ahead, passes the eight of `patience` only in the 81st."""
-    tick_clock(monkeypatch, 0.0)
     policy = CostAwarePolicy(
+        clock=Clock(0.0),
         siblings=0,
         cost=_curve([1.0] * 10),
         acceptance=ConstantCalibrator(0.2),
@@ -432,7 +439,7 @@ def test_speculation_falls_back_on_the_loss_its_plans_expect_before_the_rounds_s
     [((100,), 2, False), ((100,), 10, True), ((25, 25, 25, 25), 2, True)],
 )
 def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_speculation_gains(
-    monkeypatch, caplog, prompts, max_new_tokens, speculates
+    caplog, prompts, max_new_tokens, speculates
 ):
     """The drafter read the last request's 100-token prompt in 0.3 s; since then each round was
     expected to commit 1.5 tokens for 1.3 s (plain: 1 s a token), about 0.12 s gained a token
@@ -440,9 +447,12 @@ def test_a_request_is_decoded_plainly_where_reading_its_prompt_costs_more_than_s
     tokens pays that reading over 10 new tokens, not over 2: that one is decoded plainly
     throughout. Four rows of 25 prompt tokens pay it over their 2 new tokens each (8 in all),
     whatever the rounds before had as rows."""
-    tick_clock(monkeypatch, 0.0)
     policy = CostAwarePolicy(
-        siblings=0, cost=_curve([1.0] * 10), acceptance=ConstantCalibrator(0.5), recalibrate=False
+        clock=Clock(0.0),
+        siblings=0,
+        cost=_curve([1.0] * 10),
+        acceptance=ConstantCalibrator(0.5),
+        recalibrate=False,
     )
     policy.start(size=RequestSize((100,), 64))
     for n in range(12):
@@ -487,7 +497,7 @@ def test_the_one_token_cost_is_timed_apart_from_the_wider_rounds():
     three wider rounds set the scale, the policy asks for a plain step to time the one-token cost,
     and then prices one token at 1.1 s and more at 1.5 s, not both at the wider rounds' scale."""
     policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10))
-    for _ in range(cost_aware.TRUSTED_WIDER):
+    for _ in range(cost_model.TRUSTED_WIDER):
         assert policy.shape().max_tokens > 0
         policy.observe(_round(committed=2, round_s=1.6))
     _plain_step_timed(policy, round_s=1.1)
@@ -516,7 +526,7 @@ def test_both_costs_are_timed_again_after_refresh_rounds():
     )
     wide = _round(committed=5, round_s=1.6)
     plain_step = RoundOutcome(Draft.empty(), [], draft_s=0.0, round_s=1.0)
-    for _ in range(cost_aware.TRUSTED_WIDER):
+    for _ in range(cost_model.TRUSTED_WIDER):
         policy.observe(wide)
     _plain_step_timed(policy)
     plain = []
@@ -664,13 +674,14 @@ def test_a_tree_stops_where_its_newest_depth_gives_little():
     assert stop(2, deeper)
 
 
-def test_a_trees_drafting_is_fitted_on_the_depths_it_grew(monkeypatch):
+def test_a_trees_drafting_is_fitted_on_the_depths_it_grew():
     """Each depth takes 0.3 s (on a clock that moves 0.3 s between the stop rule's calls): the
     drafting cost is 0.3 s a step whatever the nodes (fitted on nodes it would be less)."""
-    clock = itertools.count(step=0.3)
-    monkeypatch.setattr(cost_aware, "perf_counter", lambda: next(clock))
     policy = CostAwarePolicy(
-        tree=TreeShape(top_k=3, depth=4, total_tokens=24), cost=_curve([1.0] * 25), patience=1e9
+        clock=Clock(0.3),
+        tree=TreeShape(top_k=3, depth=4, total_tokens=24),
+        cost=_curve([1.0] * 25),
+        patience=1e9,
     )
     probs = torch.tensor([0.6, 0.3, 0.1]).log()
     # The first round is the drafter's catching up, the second a plain step timing one token,
@@ -692,7 +703,7 @@ def test_a_trees_drafting_is_fitted_on_the_depths_it_grew(monkeypatch):
         assert len(tree.values) > depths
         seconds = 0.3 * depths
         policy.observe(RoundOutcome(draft, [], draft_s=seconds, round_s=seconds + 1.0))
-    assert policy._draft_cost.per_step == pytest.approx(0.3)
+    assert policy._costs.drafting.per_step == pytest.approx(0.3)
 
 
 def test_cost_aware_cuts_each_rows_tree_to_its_share_of_the_batch_forward():
@@ -720,12 +731,14 @@ def test_cost_aware_scales_its_curve_by_the_batch_forward_it_timed():
     assert policy.plain_rate() == pytest.approx(4 / 2.0)  # 4 rows a token per 2.0 s step
 
 
-def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost(monkeypatch):
+def test_a_losing_probe_at_a_batch_buys_plain_rounds_by_what_the_batch_lost():
     """Flat curve, 1 s a forward: a plain step gives each of 4 rows a token a second. Two rounds
     that each commit one token a row for 1.5 s (0.5 s of drafting) lose 0.5 s each: 1.0 s, 5%
     of 20 plain rounds. Judged row by row (four outcomes a round) they would lose 4 times that."""
-    tick_clock(monkeypatch, 0.0)  # learning from a round takes no time here
-    policy = CostAwarePolicy(siblings=0, cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05)
+    # Learning from a round takes no time here.
+    policy = CostAwarePolicy(
+        clock=Clock(0.0), siblings=0, cost=_curve([1.0] * 10), patience=0.75, probe_budget=0.05
+    )
     for _ in range(2):
         assert policy.shape(rows=4).max_tokens > 0
         policy.observe_round(_batch_round([1] * 4, [4] * 4, draft_s=0.5, round_s=1.5))
@@ -773,7 +786,9 @@ def test_the_decoder_reports_each_batch_round_to_the_policy_at_once(llama):
 
 def test_cost_aware_falls_back_when_the_drafter_is_useless(llama):
     useless = DraftModelDrafter(tiny_model("llama", seed=99))
-    policy = CostAwarePolicy(siblings=0, max_draft_tokens=4, cost=_curve([1e-3] * 6))
+    policy = CostAwarePolicy(
+        siblings=0, max_draft_tokens=4, cost=_curve([1e-3] * 6), clock=Clock(0.001)
+    )
     stats = _decode(llama, policy, max_new=60, drafter=useless)
     # Rounds after the first fall-back mostly draft nothing.
     assert stats.drafted < 2 * stats.target_forwards
@@ -848,6 +863,7 @@ def test_every_policy_keeps_greedy_output_identical(llama, name):
         ("cost-aware", {"max_backoff": 1, "first_backoff": 4}, "first_backoff"),
         ("cost-aware", {"probe_budget": 0.0}, "probe_budget"),
         ("fixed", {"min_path_confidence": 0.4}, "takes no option"),
+        ("cost-aware", {"clock": Clock(0.0)}, r"takes no option \['clock'\]"),
     ],
 )
 def test_bad_policy_options_are_clear_errors(name, options, message):

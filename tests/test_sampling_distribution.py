@@ -16,9 +16,7 @@ from scipy.stats import chisquare
 
 from draftsmith import CostAwarePolicy, FixedPolicy, SpeculativeDecoder
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
-from draftsmith.decoding import decoder as decoder_module
 from draftsmith.decoding import verify_sampling
-from draftsmith.decoding.policies import cost_aware
 from draftsmith.decoding.profile import CostCurve
 from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
 
@@ -299,20 +297,21 @@ def test_draft_model_trees_sample_the_target_distribution(tree):
     [None, TreeShape(top_k=3, depth=3, total_tokens=6), TreeShape(top_k=3, depth=3, expand=1)],
     ids=["chain", "eagle2", "siblings"],
 )
-def test_cost_aware_cuts_keep_sampling_exact(monkeypatch, tree):
+def test_cost_aware_cuts_keep_sampling_exact(tree):
     """The cost-aware policy cuts every draft on a verify curve with a step in it (up to 4
     tokens verify for one's cost, 5 for five times it; a drafter step costs a tenth of a plain
     step), so whether a token is verified depends on the acceptance of what was drafted before
     it, never after."""
-    monkeypatch.setattr(decoder_module.time, "perf_counter", Clock(0.01))
-    monkeypatch.setattr(cost_aware, "perf_counter", Clock(0.001))
     params = SEQ_PARAMS["t1"]
     vocab, n = 4, 2000
     table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
     drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
     cost = CostCurve(tokens=[1, 2, 3, 4, 5], verify_s=[0.02, 0.02, 0.02, 0.02, 0.1], context=8)
-    policy = CostAwarePolicy(tree=tree, siblings=0, cost=cost, patience=1e9, max_draft_tokens=4)
-    decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy)
+    # The decoder's clock moves 0.01 s a reading, the policy's (a drafter step) 0.001 s.
+    policy = CostAwarePolicy(
+        tree=tree, siblings=0, cost=cost, patience=1e9, max_draft_tokens=4, clock=Clock(0.001)
+    )
+    decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy, clock=Clock(0.01))
     counts = Counter()
     drafted = accepted = 0
     for seed in range(n):

@@ -39,12 +39,13 @@ POLICIES: dict[str, type[DraftPolicy]] = {
 
 
 def build_policy(name: str = DEFAULT_POLICY, **options: Any) -> DraftPolicy:
-    """The policy called `name`, with the given options (its dataclass fields); options it does
-    not take are an error naming the ones it does."""
+    """The policy called `name`, with the given options (its dataclass fields, less those marked
+    `metadata={"option": False}` such as a clock); options it does not take are an error naming
+    the ones it does."""
     if name not in POLICIES:
         raise ValueError(f"unknown draft policy {name!r}: choose one of {sorted(POLICIES)}")
     cls = POLICIES[name]
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    known = {f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("option", True)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(
