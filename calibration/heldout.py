@@ -21,7 +21,8 @@ from datasets import Dataset
 
 from draftsmith.calibration.evaluate import DEFAULT_WORKLOAD
 from draftsmith.calibration.pipeline import CalibrateConfig, Collection, prompt_windows
-from draftsmith.data.documents import DataConfig, encode_documents, load_documents
+from draftsmith.data.documents import DataConfig, load_documents
+from draftsmith.data.encoding import encode_documents
 
 CollectChoice = Literal["auto", "teacher-forced", "decode"]
 """auto: decode for prompt-only records, teacher-forced otherwise; or either collection."""

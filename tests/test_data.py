@@ -20,25 +20,21 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from draftsmith.commands.data import PrepareDataCommand
-from draftsmith.commands.flags import from_flags, parser_for
 from draftsmith.core.config import config_from_dict
 from draftsmith.data import corpora
 from draftsmith.data import regenerate as regenerate_module
 from draftsmith.data.documents import (
     METADATA_FILE,
-    ChatTemplateError,
     DataConfig,
     SourceError,
     build_dataset,
     document_split,
-    encode_chat,
-    encode_completion,
     load_documents,
     pack,
     prepare_data,
     stdlib_split,
 )
+from draftsmith.data.encoding import ChatTemplateError, encode_chat, encode_completion
 from draftsmith.data.regenerate import (
     RegenerateConfig,
     completed_ids,
@@ -437,19 +433,22 @@ def test_prepare_data_saves_atomically_and_refuses_to_clobber(tmp_path, tok, cap
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == ["out"]
 
 
-def test_cli_hook_parses_and_runs(tmp_path, tok):
+def test_cli_hook_parses_and_runs(tmp_path, tok, capsys):
+    from draftsmith.commands.cli import main
+
     tok.save_pretrained(tmp_path / "target")
     source = write_jsonl(tmp_path / "d.jsonl", [{"text": CORPUS[i % 3]} for i in range(20)])
-    parser = parser_for(PrepareDataCommand, "prepare-data")
-    defaults = parser.parse_args(["--target", "t", "--source", "s", "--out", "o"])
-    assert defaults.seq_len == DataConfig(source="s").seq_len and defaults.assistant_only_loss
-    assert "Tokens per packed row" in parser.format_help()
+    with pytest.raises(SystemExit):
+        main(["prepare-data", "--help"])
+    assert "Tokens per packed row" in capsys.readouterr().out
     command = f"--target {tmp_path / 'target'} --source {source} --out {tmp_path / 'out'} "
-    args = parser.parse_args(
-        (command + "--seq-len 12 --heldout-fraction 0 --no-include-tests").split()
+    main(
+        [
+            "prepare-data",
+            *(command + "--seq-len 12 --heldout-fraction 0 --no-include-tests").split(),
+        ]
     )
-    out = from_flags(PrepareDataCommand, args).run()
-    assert len(Dataset.load_from_disk(str(out))[0]["input_ids"]) == 12
+    assert len(Dataset.load_from_disk(str(tmp_path / "out"))[0]["input_ids"]) == 12
 
 
 # --------------------------------------------------------------------------------------------
