@@ -1,4 +1,5 @@
-"""Train a drafter head on a frozen target from a recipe, in one process or many:
+"""Train a drafter head on a frozen target from a recipe, in one process or many (``draftsmith
+train`` under ``accelerate launch``):
 
     accelerate launch [--config_file recipes/accelerate/NAME.yaml] scripts/train.py RECIPE.yaml [key=value ...]
 
@@ -8,9 +9,9 @@
 import logging
 import sys
 
-from draftsmith.commands.cli import run_command
+from draftsmith.commands.cli import main
 
 if __name__ == "__main__":
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("draftsmith").setLevel(logging.INFO)
-    run_command("train", sys.argv[1:], prog="scripts/train.py")
+    main(["train", *sys.argv[1:]])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,6 @@ from draftsmith.artifact import (
 )
 from draftsmith.calibration import CalibrateConfig, Calibrator, calibration_metrics
 from draftsmith.calibration.io import write_json
-from draftsmith.commands.calibrate import CalibrateCommand
 from draftsmith.commands.cli import main
 from draftsmith.zoo import load_model
 
@@ -90,13 +90,19 @@ def test_calibrate_writes_into_the_artifact(tmp_path, target_dir, artifact, caps
     assert "ece_equal_mass" in printed and "calibration.json" in printed and collect in printed
 
 
+def calibrate(artifact: Path, target: str, data: str, *flags: str) -> None:
+    """``draftsmith calibrate`` through the command line, its errors raised (--debug)."""
+    main(["calibrate", str(artifact), "--target", target, "--data", data, *flags, "--debug"])
+
+
 def test_text_records_are_collected_teacher_forced_by_default(target_dir, artifact, tmp_path):
     texts = [f"def g{i}(y):\n    return y - {i}\n" * 3 for i in range(6)]
     data = write_jsonl(tmp_path / "texts.jsonl", [{"text": t} for t in texts])
-    command = CalibrateCommand(
-        artifact=artifact, target=str(target_dir), data=data, dtype="float32", seq_len=64
+    out = tmp_path / "result.json"
+    calibrate(
+        artifact, str(target_dir), data, "--dtype", "float32", "--seq-len", "64", "--json", str(out)
     )
-    assert command.run()["config"]["collect"] == "teacher-forced"
+    assert json.loads(out.read_text())["config"]["collect"] == "teacher-forced"
 
 
 def test_prompt_only_records_calibrate_from_decoding(target_dir, artifact, traffic, capsys):
@@ -152,18 +158,15 @@ def _nan_as_none(metrics: dict) -> dict:
     return {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in metrics.items()}
 
 
-def test_evaluate_only_without_calibration_scores_raw_with_a_warning(target_dir, artifact, traffic):
+def test_evaluate_only_without_calibration_scores_raw_with_a_warning(
+    target_dir, artifact, traffic, tmp_path
+):
     before = files_of(artifact)
-    command = CalibrateCommand(
-        artifact=artifact,
-        target=str(target_dir),
-        data=traffic,
-        evaluate_only=True,
-        dtype="float32",
-        max_new_tokens=8,
-    )
+    out = tmp_path / "report.json"
+    flags = ["--evaluate-only", "--dtype", "float32", "--max-new-tokens", "8", "--json", str(out)]
     with pytest.warns(UserWarning, match="no calibration.json: evaluating the raw top-1"):
-        report = command.run()
+        calibrate(artifact, str(target_dir), traffic, *flags)
+    report = json.loads(out.read_text())
     assert report["calibrator"] is None
     assert all(set(sides) == {"raw"} for sides in report["workloads"].values())
     assert files_of(artifact) == before
@@ -171,38 +174,34 @@ def test_evaluate_only_without_calibration_scores_raw_with_a_warning(target_dir,
 
 def test_evaluate_only_on_a_corrupt_calibration_names_the_fix(artifact, traffic):
     (artifact / "calibration.json").write_text('{"kind": "platt", ')
-    command = CalibrateCommand(
-        artifact=artifact, target="never-loaded", data=traffic, evaluate_only=True
-    )
     with pytest.raises(ValueError, match="cannot be read .* refit it .* or delete it"):
-        command.run()
+        calibrate(artifact, "never-loaded", traffic, "--evaluate-only")
 
 
 @pytest.mark.parametrize(
     ("records", "flags", "message"),
     [
-        ([], {}, "holds no records: write one JSON object per line"),
-        ([{"prompt": "x"}, {"workload": "code"}], {}, r"jsonl:2: the record has no 'prompt'"),
-        ([{"prompt": "x"}], {"collect": "teacher-forced"}, "drop --collect teacher-forced"),
+        ([], [], "holds no records: write one JSON object per line"),
+        ([{"prompt": "x"}, {"workload": "code"}], [], r"jsonl:2: the record has no 'prompt'"),
+        ([{"prompt": "x"}], ["--collect", "teacher-forced"], "drop --collect teacher-forced"),
     ],
 )
 def test_bad_prompt_data_fails_before_the_target_loads(artifact, tmp_path, records, flags, message):
     data = write_jsonl(tmp_path / "prompts.jsonl", records)
-    command = CalibrateCommand(artifact=artifact, target="never-loaded", data=data, **flags)
     with pytest.raises(ValueError, match=message):
-        command.run()
+        calibrate(artifact, "never-loaded", data, *flags)
 
 
 def test_json_inside_the_artifact_is_refused(artifact, traffic):
-    command = CalibrateCommand(
-        artifact=artifact,
-        target="never-loaded",
-        data=traffic,
-        evaluate_only=True,
-        json=artifact / "calibration.json",
-    )
     with pytest.raises(ValueError, match="lies inside the artifact"):
-        command.run()
+        calibrate(
+            artifact,
+            "never-loaded",
+            traffic,
+            "--evaluate-only",
+            "--json",
+            str(artifact / "calibration.json"),
+        )
 
 
 def test_the_library_calibrates_and_evaluates_as_the_command_does(

@@ -20,7 +20,7 @@ from draftsmith.artifact.engines.conventions import (
     engine_layer_ids,
     t2d_mask,
 )
-from draftsmith.commands.cli import run_command
+from draftsmith.commands.cli import main
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.heads import build_draft_vocab, build_head
 
@@ -267,17 +267,23 @@ def test_export_and_import_commands(target, byte_tokenizer, tmp_path):
     byte_tokenizer.save_pretrained(folder)
     head = _head("eagle3", target, draft_vocab_size=64)
     save_artifact(head, target, tmp_path / "art", training={}, target_name_or_path=str(folder))
-    run_command(
-        "export",
-        [str(tmp_path / "art"), "--format", "speculators", "--out", str(tmp_path / "spec")],
+    main(
+        [
+            "export",
+            str(tmp_path / "art"),
+            "--format",
+            "speculators",
+            "--out",
+            str(tmp_path / "spec"),
+        ]
     )
     with pytest.raises(SystemExit):  # one line naming the problem (test_cli checks the form)
-        run_command(
-            "export", [str(tmp_path / "art"), "--format", "sglang", "--out", str(tmp_path / "spec")]
+        main(
+            ["export", str(tmp_path / "art"), "--format", "sglang", "--out", str(tmp_path / "spec")]
         )
     assert (tmp_path / "spec" / "config.json").is_file()  # the earlier export is untouched
-    run_command(
-        "import", [str(tmp_path / "spec"), "--target", str(folder), "--out", str(tmp_path / "back")]
+    main(
+        ["import", str(tmp_path / "spec"), "--target", str(folder), "--out", str(tmp_path / "back")]
     )
     back = load_drafter(tmp_path / "back", target)
     prompt = torch.tensor([5, 6, 7, 8, 9])
@@ -293,7 +299,7 @@ def test_export_and_import_commands(target, byte_tokenizer, tmp_path):
 def test_calibrating_a_published_folder_asks_to_import_it_first(target, tmp_path, capsys):
     export_head(_head("eagle3", target), target, tmp_path / "o", "sglang", verifier="t")
     with pytest.raises(SystemExit):
-        run_command("calibrate", [str(tmp_path / "o"), "--target", "t", "--data", "stdlib"])
+        main(["calibrate", str(tmp_path / "o"), "--target", "t", "--data", "stdlib"])
     assert "import it first (draftsmith import" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""``draftsmith calibrate`` / ``scripts/calibrate.py``: calibrate an artifact's confidence, or
+"""``draftsmith calibrate``: calibrate an artifact's confidence, or
 evaluate its existing calibration on new data (--evaluate-only)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from draftsmith.calibration.heldout import CollectChoice
 from draftsmith.calibration.io import write_json
 from draftsmith.calibration.pipeline import CalibrateConfig
 from draftsmith.calibration.report import format_table, format_workload_table
-from draftsmith.commands.flags import POSITIONAL, Range, as_config, at_least
+from draftsmith.build.flags import POSITIONAL, Range, as_config, at_least
 from draftsmith.core.models import Dtype
 from draftsmith.zoo import load_model
 

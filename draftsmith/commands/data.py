@@ -9,7 +9,7 @@ from typing import ClassVar
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.artifact import load_drafter, read_artifact_config
-from draftsmith.commands.flags import Range, above, as_config, at_least, between
+from draftsmith.build.flags import Range, above, as_config, at_least, between
 from draftsmith.core.models import Dtype, check_same_vocabulary
 from draftsmith.data.documents import DataConfig, Split, load_documents, prepare_data
 from draftsmith.data.regenerate import (

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from draftsmith.artifact import load_head, read_artifact_config, save_artifact
 from draftsmith.artifact.engines import export_head, foreign_layout, import_head
-from draftsmith.commands.flags import POSITIONAL, Range, at_least
+from draftsmith.build.flags import POSITIONAL, Range, at_least
 from draftsmith.core.models import Dtype
 from draftsmith.zoo import load_model, resolve_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.commands.flags import POSITIONAL
+from draftsmith.build.flags import POSITIONAL
 from draftsmith.zoo import fetch_model
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from draftsmith.commands.flags import POSITIONAL
+from draftsmith.build.flags import POSITIONAL
 from draftsmith.core.config import config_help
 from draftsmith.heads import DraftHead, drafter_class, drafter_kinds
 from draftsmith.heads.trainable import head_class
