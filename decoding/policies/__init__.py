@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from draftsmith.core.registry import Registry
 from draftsmith.decoding.policies.adaedl import AdaEDLPolicy
 from draftsmith.decoding.policies.base import (
     UNSIZED,
@@ -25,25 +26,22 @@ from draftsmith.decoding.policies.threshold import ThresholdPolicy
 
 DEFAULT_POLICY = CostAwarePolicy.name
 
-POLICIES: dict[str, type[DraftPolicy]] = {
-    cls.name: cls
-    for cls in (
-        FixedPolicy,
-        ThresholdPolicy,
-        CostAwarePolicy,
-        ConfidenceModulatedPolicy,
-        SpecDecPlusPlusPolicy,
-        AdaEDLPolicy,
-    )
-}
+POLICIES: Registry[type[DraftPolicy]] = Registry("draft policy")
+for _policy in (
+    FixedPolicy,
+    ThresholdPolicy,
+    CostAwarePolicy,
+    ConfidenceModulatedPolicy,
+    SpecDecPlusPlusPolicy,
+    AdaEDLPolicy,
+):
+    POLICIES.add(_policy.name, _policy)
 
 
 def build_policy(name: str = DEFAULT_POLICY, **options: Any) -> DraftPolicy:
     """The policy called `name`, with the given options (its dataclass fields, less those marked
     `metadata={"option": False}` such as a clock); options it does not take are an error naming
     the ones it does."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown draft policy {name!r}: choose one of {sorted(POLICIES)}")
     cls = POLICIES[name]
     known = {f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("option", True)}
     unknown = sorted(set(options) - known)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedModel
 
 from draftsmith.decoding.policies.base import UNSIZED, DraftPolicy, RequestSize, RoundOutcome
-from draftsmith.decoding.policies.cost_model import CostModel, _measure_cost
+from draftsmith.decoding.policies.cost_model import CostModel
 from draftsmith.decoding.policies.fallback import Fallback
 from draftsmith.decoding.policies.planner import PLAIN, RoundPlanner
-from draftsmith.decoding.profile import CostCurve
+from draftsmith.decoding.profile import CostCurve, measure_cost_curve
 from draftsmith.heads.base import Draft, RoundStopFn, StopFn, TreeShape, TreeStopFn
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ class CostAwarePolicy(DraftPolicy):
         """Open a request; decode it plainly where the drafter's reading of its prompts would
         cost more than speculation is expected to gain over its tokens (`Fallback.reading_pays`)."""
         if self.cost is None and target is not None:
-            self.cost = _measure_cost(target, self.largest.max_tokens + 1)
+            logger.info("measuring the target's verification cost (once; uncached)")
+            self.cost = measure_cost_curve(target, self.largest.max_tokens + 1)
             self._costs.use_curve(self.cost)
         rows = len(size.prompt_lengths) or 1
         fallback = self._fallback

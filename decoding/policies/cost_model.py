@@ -5,17 +5,12 @@ prompt. See docs/cost-aware-policy.md."""
 
 from __future__ import annotations
 
-import logging
 import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from transformers import PreTrainedModel
-
-from draftsmith.decoding.profile import CostCurve, profile_target
-
-logger = logging.getLogger(__name__)
+from draftsmith.decoding.profile import CostCurve
 
 STEPS_TIMED = 9
 """Drafter steps whose median is a step's cost until rounds of several lengths fit it: a first
@@ -221,10 +216,3 @@ class CostModel:
         """The profiled cost of verifying n tokens in each of `rows` rows; one unit each without
         a curve."""
         return 1.0 if self.curve is None else self.curve.batch_cost(rows, n)
-
-
-def _measure_cost(target: PreTrainedModel, max_tokens: int) -> CostCurve:
-    positions = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 4096
-    context = max(min(256, positions - max_tokens), 1)
-    logger.info("measuring the target's verification cost for 1..%d tokens (once)", max_tokens)
-    return profile_target(target, max_tokens=max_tokens, context=context, repeats=3)
