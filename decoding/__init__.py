@@ -1,12 +1,7 @@
-"""Speculative decoding: the loop, verification, draft-length policies, routing between drafters
-and the benchmark."""
+"""Speculative decoding at run time: the loop, verification, draft-length policies and routing
+between drafters."""
 
-from draftsmith.decoding.decoder import (
-    GenerationResult,
-    GenerationStats,
-    RoundRecord,
-    SpeculativeDecoder,
-)
+from draftsmith.decoding.decoder import SpeculativeDecoder
 from draftsmith.decoding.policies import (
     POLICIES,
     CostAwarePolicy,
@@ -15,6 +10,7 @@ from draftsmith.decoding.policies import (
     ThresholdPolicy,
     build_policy,
 )
+from draftsmith.decoding.results import GenerationResult, GenerationStats, RoundRecord
 from draftsmith.decoding.routing import RoutingDrafter
 from draftsmith.decoding.verify import LosslessVerifier, Verifier, verify_greedy, verify_sampling
 

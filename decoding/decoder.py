@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -16,85 +16,9 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.tree import chain_parents
 from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RequestSize, RoundOutcome
+from draftsmith.decoding.results import GenerationResult, GenerationStats, RoundHook, RoundRecord
 from draftsmith.decoding.verify import LosslessVerifier, Verifier
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, raw_acceptance
-
-
-@dataclass
-class GenerationStats:
-    target_forwards: int = 0
-    """Target forward passes after the prompt prefill (one per round)."""
-    drafted: int = 0
-    """Draft tokens proposed (tree nodes)."""
-    accepted: int = 0
-    """Draft tokens the target accepted."""
-    new_tokens: int = 0
-    mean_accepted_length: float = 0.0
-    """Tokens produced per target forward pass (tau); 1.0 is plain decoding."""
-    acceptance_by_position: list[float] = field(default_factory=list)
-    """Fraction of drafts reaching depth i + 1 whose accepted path reached it too."""
-    drafted_by_position: list[int] = field(default_factory=list)
-    accepted_by_position: list[int] = field(default_factory=list)
-    wall_s: float = 0.0
-    tokens_per_s: float = 0.0
-
-    def record_round(self, draft: Draft, n_accepted: int) -> None:
-        self.target_forwards += 1
-        self.drafted += len(draft)
-        self.accepted += n_accepted
-        depth = int(draft.depths.max()) if len(draft) else 0
-        grow = depth - len(self.drafted_by_position)
-        if grow > 0:
-            self.drafted_by_position.extend([0] * grow)
-            self.accepted_by_position.extend([0] * grow)
-        for i in range(depth):
-            self.drafted_by_position[i] += 1
-            self.accepted_by_position[i] += i < n_accepted
-
-    def finish(self, new_tokens: int, wall_s: float) -> None:
-        self.new_tokens = new_tokens
-        self.wall_s = wall_s
-        self.tokens_per_s = new_tokens / wall_s if wall_s > 0 else 0.0
-        self.mean_accepted_length = new_tokens / max(self.target_forwards, 1)
-        self.acceptance_by_position = [
-            a / d for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)
-        ]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class RoundRecord:
-    """What one draft-and-verify round saw, for observers (calibration data collection)."""
-
-    draft: Draft
-    target_logits: torch.Tensor
-    """(k+1, V) float32 target logits: row 0 after the newest committed token, row 1 + i after
-    draft node i."""
-    accepted_path: list[int]
-    """The draft nodes the target accepted, root first."""
-    sampling: SamplingParams
-    row: int = 0
-    """The prompt's index in its batch."""
-
-    @property
-    def n_accepted(self) -> int:
-        return len(self.accepted_path)
-
-
-RoundHook = Callable[[RoundRecord], None]
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]
-    """The generated token ids (prompt excluded)."""
-    text: str | None
-    """The decoded generated text, when the decoder has a tokenizer."""
-    stats: GenerationStats
-    lossy: bool = False
-    """True when a lossy verifier produced it: the tokens may differ from the target's own."""
 
 
 class SpeculativeDecoder:
@@ -191,8 +115,8 @@ class SpeculativeDecoder:
             _Row(i, _row_generator(seed, i), int(prompt[-1]), ContextIndex(prompt.tolist()))
             for i, prompt in enumerate(ids)
         ]
-        # One block of draftsmith's linear layers for the whole generation: per forward, finding
-        # the layers to swap would cost each round about 0.15 ms (211 layers for SmolLM2).
+        # One block of draftsmith's linear layers for the whole generation: finding the layers
+        # to swap again for every forward would cost each round time a plain step does not pay.
         with small_rows(self.target):
             self._rounds(rows, ids, max_new_tokens, sampling, stop_strings, on_round)
         return [self._result(row) for row in rows]

@@ -15,7 +15,7 @@ from draftsmith.core import attention as attention_module
 from draftsmith.core.attention import use_grouped_sdpa
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
-from draftsmith.decoding.decoder import GenerationResult, GenerationStats
+from draftsmith.decoding.results import GenerationResult, GenerationStats
 from draftsmith.evaluation.benchmark import Benchmark, bundled_prompts, format_table, load_prompts
 from draftsmith.evaluation.divergence import (
     FLOAT32_ULPS,
