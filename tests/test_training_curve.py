@@ -10,20 +10,17 @@ import json
 from pathlib import Path
 
 import pytest
-from test_trainer import (  # noqa: F401 (fixtures; _quiet_single_thread: no wandb, one thread)
-    _quiet_single_thread,
-    config_of,
-    corpus,
-    recipe,
-    target,
-    tokenizer,
-)
+import test_trainer
+from test_trainer import _quiet_single_thread, config_of, recipe  # noqa: F401 (autouse fixture)
 
 from draftsmith.train import tracking
 from draftsmith.train.plots import PLOT_FILE, plot_training_curve, training_series
 from draftsmith.train.trainer import train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# test_trainer's tiny Llama target, byte tokenizer and stdlib-code corpus (pytest fixtures)
+corpus, target, tokenizer = test_trainer.corpus, test_trainer.target, test_trainer.tokenizer
 
 
 def records(run: Path, split: str) -> list[dict]:
@@ -55,7 +52,7 @@ def test_training_draws_its_curve_after_each_evaluation_from_its_metrics(
     corpus,
     target,
     tokenizer,
-    monkeypatch,  # noqa: F811 (imported fixtures)
+    monkeypatch,
 ):
     drawn = []
 

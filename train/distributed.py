@@ -15,12 +15,15 @@ import os
 
 import torch
 from accelerate import Accelerator, PartialState
+from accelerate.tracking import GeneralTracker
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 __all__ = ["build_accelerator", "check_deepspeed"]
 
 
-def build_accelerator(mixed_precision: str, log_with: list[str] | None) -> Accelerator:
+def build_accelerator(
+    mixed_precision: str, log_with: list[str | GeneralTracker] | None
+) -> Accelerator:
     """An Accelerator for this machine: `cpu=True` where there is no accelerator (only then do
     the launched processes form a gloo group), FSDP when the launch config asks for it."""
     cpu = not torch.accelerator.is_available()

@@ -1,25 +1,30 @@
 """Where a run's records go: ``metrics.jsonl`` in the run folder, its training curve beside it
-(``training_curve.png``, `draftsmith.train.plots`), and experiment trackers (wandb) through
-Accelerate."""
+(``training_curve.png``, `draftsmith.train.plots`), and experiment trackers through Accelerate:
+wandb (offline by default, under ``output_dir/wandb``) and, when asked, TensorBoard (under
+``output_dir/tensorboard``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from accelerate.tracking import GeneralTracker, TensorBoardTracker
 from tqdm.auto import tqdm
 
-from draftsmith.core.config import config_to_dict
+from draftsmith.core.config import ConfigError, config_to_dict
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.metrics import flat_record
 from draftsmith.train.plots import plot_training_curve
 
-__all__ = ["METRICS_FILE", "RunLog", "log_with", "wandb_mode"]
+__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "RunLog", "log_with", "wandb_mode"]
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+"""The TensorBoard event files' folder in the run folder (`TrainConfig.tensorboard`)."""
 
 
 def wandb_mode(config: TrainConfig) -> str:
@@ -28,9 +33,45 @@ def wandb_mode(config: TrainConfig) -> str:
     return config.wandb_mode or os.environ.get("WANDB_MODE", "offline")
 
 
-def log_with(config: TrainConfig) -> list[str] | None:
-    """The trackers to build the run's `Accelerator` with (its ``log_with``)."""
-    return None if wandb_mode(config) == "disabled" else ["wandb"]
+def log_with(config: TrainConfig) -> list[str | GeneralTracker] | None:
+    """The trackers to build the run's `Accelerator` with (its ``log_with``).
+
+    Raises:
+        ConfigError: ``tensorboard: true`` where no TensorBoard writer is installed (checked
+            before any model loads).
+    """
+    trackers: list[str | GeneralTracker] = []
+    if wandb_mode(config) != "disabled":
+        trackers.append("wandb")
+    if config.tensorboard:
+        if not any(importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX")):
+            raise ConfigError(
+                "tensorboard: true needs the tensorboard package: pip install tensorboard "
+                "(or set tensorboard=false)"
+            )
+        trackers.append(_TensorBoard(TENSORBOARD_DIR, config.output_dir))
+    return trackers or None
+
+
+class _TensorBoard(TensorBoardTracker):
+    """Accelerate's TensorBoard tracker, given the run's config as flat hyper-parameters
+    (``data.seq_len``): TensorBoard takes only numbers, booleans and strings, where the config
+    nests dicts and holds lists and None."""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        super().store_init_configuration(_flat_config(values))
+
+
+def _flat_config(values: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """A nested config as ``{"data.seq_len": 64, ...}``; lists and None as their text."""
+    flat: dict[str, bool | int | float | str] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flat_config(value, f"{prefix}{key}."))
+        else:
+            plain = isinstance(value, (bool, int, float, str))
+            flat[f"{prefix}{key}"] = value if plain else json.dumps(value)
+    return flat
 
 
 class RunLog:
@@ -99,8 +140,18 @@ class RunLog:
 
     def finish(self) -> None:
         """Close the trackers. Accelerate's `end_training` also ends the process group, so this
-        is the run's last collective call."""
+        is the run's last collective call.
+
+        wandb's ``run.finish()`` returns before its core process has written the run's log
+        (``wandb/offline-run-*/run-*.wandb`` may still be its 7-byte header then, the records
+        following a second or two later), so the main process then waits for wandb's teardown:
+        when training returns, the offline run is complete on disk (for ``wandb sync``, or a
+        reader). Teardown ends every wandb run of the process, and the trainer's is its last."""
         self.accelerator.end_training()
+        if self.accelerator.is_main_process and wandb_mode(self.config) != "disabled":
+            import wandb
+
+            wandb.teardown()
 
 
 def _truncate(path: Path, step: int) -> None:
