@@ -36,12 +36,12 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
-from draftsmith.artifact import load_head, save_artifact
-from draftsmith.core.config import ConfigError, config_to_dict, save_config
+from draftsmith.core.config import config_to_dict, save_config
 from draftsmith.core.models import resolve_dtype
 from draftsmith.data.documents import build_dataset
-from draftsmith.heads import DraftHead, build_head, fit_draft_vocab  # registers every kind
+from draftsmith.heads import build_head, fit_draft_vocab  # registers every kind
 from draftsmith.train.acceptance import build_acceptance_head
+from draftsmith.train.artifacts import load_trained, write_artifact
 from draftsmith.train.checkpoint import (
     TrainerState,
     check_checkpointable,
@@ -135,7 +135,7 @@ class Trainer:
         head = build_head(config.head, self.target, config.head_args).to(acc.device)
         head.check_tokenizer(tokenizer)
         if config.init_from is not None:
-            _load_trained(head, config.init_from, self.target)
+            load_trained(head, config.init_from, self.target)
         else:
             fit_draft_vocab(head, *train_rows, self.target.config.get_text_config().vocab_size)
         layers = tuple(head.target_feature_layers)
@@ -362,56 +362,18 @@ class Trainer:
         return totals.reduce(acc)
 
     def _export(self, metrics: dict[str, Any]) -> Path:
-        """Write the artifact from the main process. The weights go through a full state dict
-        (gathered when FSDP shards them) loaded into a fresh head, so every strategy exports
-        the same way."""
-        acc, config = self.accelerator, self.config
+        """Write the artifact (`write_artifact`) with what this run trained and measured."""
+        training = {
+            "recipe": config_to_dict(self.config),
+            "steps": self.state.step,
+            "metrics": metrics,
+            "throughput_tokens_per_s": round(self.state.tokens_per_s, 1),
+            "num_processes": self.accelerator.num_processes,
+        }
         out = self.output_dir / ARTIFACT_DIR
-        weights = acc.get_state_dict(self.module)  # every process takes part in the gather
-        if acc.is_main_process:
-            head = build_head(config.head, self.target, config.head_args).to(acc.device)
-            head.load_state_dict(_submodule(weights, "head"))
-            acceptance = None
-            if config.acceptance_head is not None:
-                acceptance = build_acceptance_head(head, config.acceptance_head)
-                acceptance.load_state_dict(_submodule(weights, "acceptance"))
-            training = {
-                "recipe": config_to_dict(config),
-                "steps": self.state.step,
-                "metrics": metrics,
-                "throughput_tokens_per_s": round(self.state.tokens_per_s, 1),
-                "num_processes": acc.num_processes,
-            }
-            out = save_artifact(
-                head,
-                self.target,
-                out,
-                training=training,
-                target_name_or_path=config.target,
-                acceptance=acceptance,
-            )
-            print(f"drafter written to {out}")
-        acc.wait_for_everyone()
-        return out
-
-
-def _load_trained(head: DraftHead, path: str, target: PreTrainedModel) -> None:
-    """Replace the fresh head's weights by those of the trained artifact at `path`, whose head
-    config must be the recipe's."""
-    trained = load_head(path, target, dtype=torch.float32)
-    if trained.config != head.config:
-        raise ConfigError(
-            f"init_from {path} holds a {trained.kind} head with config "
-            f"{config_to_dict(trained.config)}, but the recipe's head_args give "
-            f"{config_to_dict(head.config)}: make head_args match the artifact's"
+        return write_artifact(
+            self.accelerator, self.module, self.config, self.target, training, out
         )
-    head.load_state_dict(trained.state_dict())
-
-
-def _submodule(weights: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
-    """The entries of a `HeadObjective` state dict under its submodule `name`, unprefixed."""
-    prefix = f"{name}."
-    return {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
 
 
 def _mixed_precision(setting: str) -> str:
