@@ -27,6 +27,7 @@ This module only reads; splitting, rendering and packing live in `draftsmith.dat
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
@@ -58,6 +59,7 @@ __all__ = [
     "chitchat_transcript",
     "is_stdlib_test",
     "load_source",
+    "python_functions",
     "stdlib_files",
     "stdlib_root",
 ]
@@ -172,6 +174,20 @@ def read_python_source(path: Path) -> str:
         return data.decode(encoding)
     except (SyntaxError, LookupError, UnicodeDecodeError):
         return data.decode("utf-8", errors="replace")
+
+
+def python_functions(
+    tree: ast.Module,
+) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(qualified name, node) of a module's top-level functions and of the methods of its
+    top-level classes (``Class.method``), in source order: the units prompts are cut from."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield f"{node.name}.{item.name}", item
 
 
 def _stdlib_dataset(include_tests: bool) -> Dataset:

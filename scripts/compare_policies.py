@@ -26,8 +26,9 @@ differs from plain's is judged by `draftsmith.evaluation.divergence` (its first 
 re-scored in float32 against the run's error there, plain replayed among the shapes): "identical"
 counts the prompts decoded token for token, "rounding" those whose divergence the run's
 precision explains, and every divergence goes into the JSON. Each ratio to
-plain comes with a 90% bootstrap interval over the workload's prompts: how far another draw of
-prompts (and of the machine's noise on each) could move it. Prints a table per workload and,
+plain comes with a 90% bootstrap interval over the workload's prompts
+(`draftsmith.evaluation.stats.speedup_interval`, as `draftsmith bench` computes it): how far
+another draw of prompts (and of the machine's noise on each) could move it. Prints a table per workload and,
 with --json, writes every figure with the command line.
 """
 
@@ -41,20 +42,20 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 from draftsmith.build import AUTO_TREE, cost_curve, parse_options, split_policy_spec, tree_options
 from draftsmith.build.drafters import build_drafter
 from draftsmith.core import small_rows
-from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.online import OnlineAcceptance
 from draftsmith.decoding.policies import DEFAULT_POLICY
 from draftsmith.evaluation.benchmark import load_prompts
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge, format_divergence
+from draftsmith.evaluation.stats import rotated, speedup_interval
 from draftsmith.heads import DraftModelDrafter
 from draftsmith.heads.eagle import FeatureDrafter
+from draftsmith.zoo import load_model
 
 
 def main() -> None:
@@ -113,8 +114,7 @@ def main() -> None:
         groups = [totals[record["workload"]], totals["overall"]]
         seconds, outputs = {}, {}
         for repeat in range(args.repeats):
-            shift = repeat % len(methods)
-            for name in methods[shift:] + methods[:shift]:
+            for name in rotated(methods, repeat):
                 torch.manual_seed(args.seed)
                 started = time.perf_counter()
                 outputs[name] = _decode(
@@ -249,20 +249,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _prompts_of(per_prompt: list[dict], workload: str) -> list[dict]:
     return [p for p in per_prompt if workload in ("overall", p["workload"])]
-
-
-def speedup_interval(
-    prompts: list[dict], name: str, level: float = 0.9, resamples: int = 2000
-) -> tuple[float, float]:
-    """The `level` bootstrap interval of `name`'s speed over plain's (tokens over seconds, summed
-    over prompts), resampling the prompts: each a dict with per-method "tokens" and "seconds"."""
-    tokens = np.array([[p["tokens"][name], p["tokens"]["plain"]] for p in prompts], dtype=float)
-    seconds = np.array([[p["seconds"][name], p["seconds"]["plain"]] for p in prompts])
-    draws = np.random.default_rng(0).integers(0, len(prompts), (resamples, len(prompts)))
-    rates = tokens[draws].sum(1) / seconds[draws].sum(1)  # (resamples, 2)
-    ratios = rates[:, 0] / rates[:, 1]
-    tail = (1 - level) / 2
-    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
 
 
 def _summary(group: dict, policies: list[str], prompts: list[dict]) -> dict:

@@ -36,15 +36,16 @@ from typing import TypeVar
 
 from transformers import AutoTokenizer
 
-from draftsmith.zoo import fetch_model
 from draftsmith.data.corpora import (
     chitchat_conversations,
     chitchat_transcript,
+    python_functions,
     read_python_source,
     stdlib_files,
     stdlib_root,
 )
 from draftsmith.data.documents import HELDOUT_FRACTION, document_split, stdlib_split
+from draftsmith.zoo import fetch_model
 
 OUT = Path(__file__).resolve().parents[1] / "decoding" / "bench_prompts.jsonl"
 TOKENIZER = "qwen2.5-coder-0.5b"
@@ -99,17 +100,6 @@ def cut_lines(lines: list[str], n_tokens: TokenCounter, low: int, high: int) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """Module-level functions and methods of module-level classes, with qualified names."""
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield node.name, node
-        elif isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    yield f"{node.name}.{item.name}", item
-
-
 def code_candidates(n_tokens: TokenCounter) -> Iterator[tuple[str, str]]:
     """One candidate per held-out module (its first function in stable order that fits)."""
     modules = [m for m in stdlib_files() if stdlib_split(m) == "heldout"]
@@ -118,7 +108,9 @@ def code_candidates(n_tokens: TokenCounter) -> Iterator[tuple[str, str]]:
     for module, _ in stable_order([(m, m) for m in modules]):
         source = read_python_source(stdlib_root() / module)
         lines = source.splitlines()
-        named = [(f"stdlib:{module}::{name}", node) for name, node in functions(ast.parse(source))]
+        named = [
+            (f"stdlib:{module}::{name}", node) for name, node in python_functions(ast.parse(source))
+        ]
         for name, node in stable_order(named):
             prompt = function_prompt(node, lines, n_tokens)
             if prompt:

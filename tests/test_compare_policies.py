@@ -1,6 +1,7 @@
-"""scripts/compare_policies.py's interval on a speed ratio (it must hold the ratio the summed
-prompts give, and widen when the prompts disagree), and the plain runs compare_policies.py and
-lockstep.py replay for the divergence judge."""
+"""The bootstrap interval on a speed ratio that `Benchmark` and scripts/compare_policies.py share
+(it must hold the ratio the summed prompts give, and widen when the prompts disagree), the
+methods' rotating order, and the plain runs compare_policies.py and lockstep.py replay for the
+divergence judge."""
 
 import argparse
 import functools
@@ -13,16 +14,9 @@ from conftest import tiny_model
 
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
+from draftsmith.evaluation.stats import rotated, speedup_interval
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_policies.py"
-
-
-@pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("compare_policies", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _prompts(policy_seconds: list[float]) -> list[dict]:
@@ -32,16 +26,22 @@ def _prompts(policy_seconds: list[float]) -> list[dict]:
     ]
 
 
-def test_the_interval_holds_the_ratio_and_widens_with_disagreeing_prompts(script):
-    agreeing = script.speedup_interval(_prompts([8.0] * 8), "p")
+def test_every_method_leads_once_in_as_many_repeats():
+    orders = [rotated(["plain", "hf", "ours"], repeat) for repeat in range(3)]
+    assert [order[0] for order in orders] == ["plain", "hf", "ours"]
+    assert all(sorted(order) == ["hf", "ours", "plain"] for order in orders)
+
+
+def test_the_interval_holds_the_ratio_and_widens_with_disagreeing_prompts():
+    agreeing = speedup_interval(_prompts([8.0] * 8), "p")
     assert agreeing == pytest.approx((1.25, 1.25))
-    low, high = script.speedup_interval(_prompts([6.0, 14.0] * 4), "p")
+    low, high = speedup_interval(_prompts([6.0, 14.0] * 4), "p")
     assert low < 1.0 < high  # summed: 80 s each, a ratio of 1.0
-    narrow = script.speedup_interval(_prompts([9.0, 11.0] * 4), "p")
+    narrow = speedup_interval(_prompts([9.0, 11.0] * 4), "p")
     assert low < narrow[0] < 1.0 < narrow[1] < high
 
 
-def test_the_interval_weighs_prompts_by_their_tokens(script):
+def test_the_interval_weighs_prompts_by_their_tokens():
     """One prompt five times slower under the policy moves the summed ratio less when it is
     short."""
 
@@ -56,7 +56,7 @@ def test_the_interval_weighs_prompts_by_their_tokens(script):
         )
         return prompts
 
-    short, long = (script.speedup_interval(with_slow_prompt(n), "p") for n in (10, 100))
+    short, long = (speedup_interval(with_slow_prompt(n), "p") for n in (10, 100))
     assert long[0] < short[0] < 1.0
     assert long[1] <= short[1] == pytest.approx(1.0)
 

@@ -34,6 +34,7 @@ class BenchCommand(TargetPlacement):
         "min_path_confidence": between(0, 1),
         "seed": at_least(0),
         "batch_size": at_least(1),
+        "repeats": at_least(1),
     }
 
     target: str
@@ -43,8 +44,15 @@ class BenchCommand(TargetPlacement):
     (a router picking one of several per request, e.g. route:artifact:PATH+ngram)."""
     prompts: Path = field(default_factory=bundled_prompts)
     """jsonl of {"prompt": str, "workload": str (optional)} records."""
-    max_new_tokens: int = 128
-    """Tokens generated after each prompt."""
+    suite: str | None = None
+    """Run a benchmark suite instead of --prompts: standard (72 prompts of six workloads: chat,
+    code, summarisation, translation, math, qa; draftsmith.evaluation.suite) or a suite jsonl.
+    The report adds the hardware, versions, commit, date and command."""
+    repeats: int | None = None
+    """Runs of every method on every prompt, in rotating order; the fastest counts (default 1;
+    with --suite, 3)."""
+    max_new_tokens: int | None = None
+    """Tokens generated after each prompt (default 128; with --suite, the suite's 64)."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy."""
     top_p: float | None = None
@@ -119,6 +127,10 @@ class BenchCommand(TargetPlacement):
             raise ValueError(f"unknown --policy {self.policy!r}: choose one of {sorted(POLICIES)}")
         if self.tree == "auto" and self.policy != DEFAULT_POLICY:
             raise ValueError(f"--tree auto is the {DEFAULT_POLICY} policy's; drop --policy")
+        if self.suite:
+            from draftsmith.evaluation.suite import suite_path
+
+            suite_path(self.suite)  # an unknown suite fails before any model loads
         self.build_policy()  # checks the policy's options
         from draftsmith.decoding.lossy import build_verifier
 
@@ -132,10 +144,23 @@ class BenchCommand(TargetPlacement):
         from draftsmith.decoding import SpeculativeDecoder
         from draftsmith.decoding.lossy import build_verifier
         from draftsmith.evaluation.benchmark import Benchmark, load_prompts
+        from draftsmith.evaluation.suite import (
+            SUITE_MAX_NEW_TOKENS,
+            SUITE_REPEATS,
+            bench_prompts,
+            load_suite,
+            run_suite,
+        )
 
-        prompts = load_prompts(self.prompts, self.limit)
+        records = load_suite(self.suite)[: self.limit] if self.suite else None
+        prompts = None if records else load_prompts(self.prompts, self.limit)
+        by_suite = SUITE_MAX_NEW_TOKENS if self.suite else 128
+        max_new_tokens = self.max_new_tokens or by_suite
+        repeats = self.repeats or (SUITE_REPEATS if self.suite else 1)
         check_spec(self.drafter)  # a bad drafter fails before the target loads
         target, tokenizer = self.load_target(self.target, self.dtype)
+        if records:
+            prompts = bench_prompts(records, tokenizer)
         built = build_drafter(self.drafter, target, tokenizer, dtype=self.dtype)
         policy = self.build_policy(target, built.acceptance)
         verifier = build_verifier(self.verify, self.verify_threshold)
@@ -147,19 +172,23 @@ class BenchCommand(TargetPlacement):
             tokenizer,
             decoder,
             built.hf_assist,
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
             seed=self.seed,
             batch_size=self.batch_size,
+            repeats=repeats,
         )
-        report = bench.run(prompts)
+        command = " ".join(["draftsmith", *sys.argv[1:]])
+        report = run_suite(bench, records, command) if records else bench.run(prompts)
         report["config"] = {
             **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()},
             "placement": placement(target) or "one device",
             "torch_threads": torch.get_num_threads(),
-            "command": " ".join(["draftsmith", *sys.argv[1:]]),
+            "max_new_tokens": max_new_tokens,
+            "repeats": repeats,
+            "command": command,
         }
         if self.plot:
             from draftsmith.evaluation.sweep import tree_size_sweep

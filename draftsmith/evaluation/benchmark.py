@@ -1,7 +1,11 @@
 """Side-by-side benchmark: plain `generate`, Hugging Face assisted generation and draftsmith.
 
 Every prompt runs all three methods back to back on the same loaded models (interleaved, after a
-warm-up), so machine noise hits them alike; results are reported as ratios. With a batch size
+warm-up), so machine noise hits them alike; results are reported as ratios. With repeats above 1,
+every prompt runs every method that many times, the methods' order rotating each time
+(`stats.rotated`), and each method's fastest run counts (other work on a shared machine only ever
+adds time); each ratio comes with a 90% bootstrap interval over the prompts
+(`stats.speedup_interval`). With a batch size
 above 1, prompts run in batches of that many: plain `generate` on the left-padded batch and
 `SpeculativeDecoder.generate_batch`, each batch's time split evenly among its prompts; Hugging
 Face assisted generation decodes one sequence only, so it is not run (the report says so). A drafter without a
@@ -38,6 +42,7 @@ from draftsmith.decoding.decoder import (
     eos_token_ids,
 )
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
+from draftsmith.evaluation.stats import rotated, speedup_interval
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +74,26 @@ class PromptResult:
     """A lossy verifier made draftsmith's output."""
     divergence: dict | None = None
 
+    def timings(self) -> dict:
+        """{"tokens": {method: n}, "seconds": {method: s}} of the methods that ran."""
+        runs = {"plain": self.plain, "hf": self.hf, "draftsmith": self.draftsmith}
+        runs = {name: run for name, run in runs.items() if run is not None}
+        return {
+            "tokens": {name: len(run.tokens) for name, run in runs.items()},
+            "seconds": {name: run.wall_s for name, run in runs.items()},
+        }
+
+    def record(self) -> dict:
+        """The prompt's own figures, for the report's per-prompt list."""
+        forwards = max(self.stats.target_forwards, 1)
+        return {
+            "index": self.index,
+            "workload": self.workload,
+            **self.timings(),
+            "mean_accepted_length": self.stats.new_tokens / forwards,
+            "identical_to_plain": self.draftsmith.tokens == self.plain.tokens,
+        }
+
 
 @dataclass
 class Aggregate:
@@ -89,6 +114,7 @@ class Aggregate:
         divergences = [r.divergence for r in self.results if r.divergence is not None]
         lossy = any(r.lossy for r in self.results)
         plain, hf, ours = tok_s("plain"), tok_s("hf"), tok_s("draftsmith")
+        timings = [r.timings() for r in self.results]
         return {
             "n_prompts": len(self.results),
             "plain_tok_s": plain,
@@ -97,6 +123,11 @@ class Aggregate:
             "speedup_vs_plain": ours / plain,
             "speedup_vs_hf": None if hf is None else ours / hf,
             "hf_speedup_vs_plain": None if hf is None else hf / plain,
+            "speedup_vs_plain_interval": speedup_interval(timings, "draftsmith"),
+            "speedup_vs_hf_interval": (
+                None if hf is None else speedup_interval(timings, "draftsmith", "hf")
+            ),
+            "hf_speedup_vs_plain_interval": None if hf is None else speedup_interval(timings, "hf"),
             "mean_accepted_length": new_tokens / max(forwards, 1),
             "mean_draft_size": sum(r.stats.drafted for r in self.results) / max(forwards, 1),
             "acceptance_by_position": [a / d for a, d in zip(accepted, drafted, strict=True)],
@@ -175,12 +206,16 @@ class Benchmark:
         top_p: float | None = None,
         seed: int = 0,
         batch_size: int = 1,
+        repeats: int = 1,
     ) -> None:
         if (top_k is not None or top_p is not None) and temperature == 0.0:
             raise ValueError("top_k and top_p shape sampling: give a temperature > 0 with them")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.batch_size = batch_size
+        self.repeats = repeats
         self.target = target
         self.tokenizer = tokenizer
         self.decoder = decoder
@@ -219,8 +254,10 @@ class Benchmark:
         report = {
             "lossy": summary["lossy"],
             "batch_size": size,
+            "repeats": self.repeats,
             "overall": summary,
             "workloads": {name: g.summary(self.greedy) for name, g in groups.items()},
+            "prompts": [r.record() for r in overall.results],
         }
         if self.hf_assist and size > 1:
             report["hf_assisted"] = HF_ASSISTED_BATCH
@@ -236,16 +273,21 @@ class Benchmark:
     def _run_batch(
         self, indices: list[int], workloads: list[str], batch: list[torch.Tensor]
     ) -> list[PromptResult]:
-        """Every method on one batch of prompts (token ids (T_b,) each), back to back."""
-        torch.manual_seed(self.seed)
-        plain = self._plain(batch, self.max_new_tokens)
-        hf: list[PromptRun | None] = [None] * len(batch)
-        if self.hf_assist and len(batch) == 1:
-            torch.manual_seed(self.seed)
-            hf = [self._assisted(batch[0], self.max_new_tokens)]
-        started = time.perf_counter()
-        outs = self._ours(batch, self.max_new_tokens)
-        wall_s = (time.perf_counter() - started) / len(batch)
+        """Every method on one batch of prompts (token ids (T_b,) each), back to back, `repeats`
+        times in rotating order; each method's fastest run is kept."""
+        methods = ["plain", "hf", "draftsmith"]
+        if not (self.hf_assist and len(batch) == 1):
+            methods.remove("hf")
+        kept: dict[str, tuple[float, list]] = {}
+        for repeat in range(self.repeats):
+            for method in rotated(methods, repeat):
+                wall_s, runs = self._timed(method, batch)
+                if method not in kept or wall_s < kept[method][0]:
+                    kept[method] = (wall_s, runs)
+        plain = kept["plain"][1]
+        hf: list[PromptRun | None] = kept["hf"][1] if "hf" in kept else [None] * len(batch)
+        wall_s, outs = kept["draftsmith"]
+        wall_s /= len(batch)
         results = []
         for row, (index, workload, plain_run, hf_run, out) in enumerate(
             zip(indices, workloads, plain, hf, outs, strict=True)
@@ -258,6 +300,19 @@ class Benchmark:
                 result.divergence = self._judge(index, diverged, ours.tokens)
             results.append(result)
         return results
+
+    def _timed(self, method: str, batch: list[torch.Tensor]) -> tuple[float, list]:
+        """One run of `method` on the batch, seeded alike: its wall time and its per-row runs
+        (`PromptRun`s; `GenerationResult`s for draftsmith)."""
+        torch.manual_seed(self.seed)
+        started = time.perf_counter()
+        if method == "plain":
+            runs = self._plain(batch, self.max_new_tokens)
+        elif method == "hf":
+            runs = [self._assisted(batch[0], self.max_new_tokens)]
+        else:
+            runs = self._ours(batch, self.max_new_tokens)
+        return time.perf_counter() - started, runs
 
     def _ours(self, batch: list[torch.Tensor], max_new: int) -> list[GenerationResult]:
         """draftsmith on the batch: `generate` for one prompt (which a subclass may observe),
