@@ -14,7 +14,7 @@ Sources (see `load_source`):
   by its path relative to ``sysconfig.get_paths()["stdlib"]`` (``json/decoder.py``).
   ``site-packages`` is skipped; test modules (see `is_stdlib_test`) only on request.
 - ``chitchat``: the 7,168 human conversations of the PyPI package ``chitchat-dataset==0.9.0``,
-  fetched once with pip into ``$DRAFTSMITH_HOME/data/`` (see `chitchat_path`).
+  fetched once with pip into ``$DRAFTSMITH_HOME/data/`` (`draftsmith.data.chitchat`).
 - ``chitchat-transcripts``: the same conversations as plain-text ``A: ... / B: ...``
   transcripts (`chitchat_transcript`), the form the bundled benchmark's chat prompts take, for
   continuing as text rather than answering through a chat template.
@@ -31,13 +31,8 @@ import ast
 import hashlib
 import io
 import json
-import os
-import shutil
-import subprocess
-import sys
 import sysconfig
 import tokenize
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,17 +41,19 @@ import datasets
 from datasets import Dataset, Features, List, Value
 from datasets.exceptions import DatasetGenerationError
 
-from draftsmith.core.home import default_home
+from draftsmith.data.chitchat import (
+    CHITCHAT_REQUIREMENT,
+    chitchat_conversations,
+    chitchat_records,
+    chitchat_transcript,
+)
+from draftsmith.data.errors import SourceError
 
 __all__ = [
     "CHITCHAT_REQUIREMENT",
     "DOCUMENT_FEATURES",
     "OFFLINE_SOURCES",
     "SourceError",
-    "chitchat_conversations",
-    "chitchat_path",
-    "chitchat_records",
-    "chitchat_transcript",
     "is_stdlib_test",
     "load_source",
     "python_functions",
@@ -77,9 +74,6 @@ DOCUMENT_FEATURES = Features(
 OFFLINE_SOURCES = ("stdlib", "chitchat", "chitchat-transcripts")
 """Source names that need no hub (chitchat needs PyPI once)."""
 
-CHITCHAT_REQUIREMENT = "chitchat-dataset==0.9.0"
-_CHITCHAT_MEMBER = "chitchat_dataset/dataset.json"
-_CHITCHAT_SHA256 = "d2a5d0bf6acf354fef51f3af39cbece2220d3b8f6086b658c3d335105798312a"
 
 _TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
@@ -87,10 +81,6 @@ _TABLE_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _PATH_SUFFIXES = {*_TABLE_SUFFIXES, ".txt", ".md", ".py", ".csv", ".gz"}
 # ShareGPT-style records name their turns {"from", "value"} with these roles.
 _SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user"}
-
-
-class SourceError(ValueError):
-    """A data source is missing, unreadable, empty or unreachable; the message says the fix."""
 
 
 def load_source(
@@ -201,115 +191,6 @@ def _stdlib_dataset(include_tests: bool) -> Dataset:
             rows["prompt"].append(None)
             rows["messages"].append(None)
     return Dataset.from_dict(rows, features=DOCUMENT_FEATURES)
-
-
-# --------------------------------------------------------------------------------------------
-# chitchat
-# --------------------------------------------------------------------------------------------
-
-
-def chitchat_path(home: str | Path | None = None) -> Path:
-    """Local path of chitchat's ``dataset.json``, fetched with pip on first use.
-
-    The wheel is downloaded and unpacked into ``<home>/data/chitchat-dataset-0.9.0.partial-<pid>``
-    and renamed into place once its checksum is verified, so an interrupted fetch never leaves a
-    file that looks usable. `home` defaults to ``$DRAFTSMITH_HOME`` or ``~/.cache/draftsmith``.
-    """
-    final = Path(home).expanduser() if home else default_home()
-    final = final / "data" / CHITCHAT_REQUIREMENT.replace("==", "-")
-    target = final / "dataset.json"
-    if target.is_file():
-        return target
-    partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
-        _fetch_chitchat(partial, final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            partial.rename(final)
-        except OSError:  # another process published it first
-            if not target.is_file():
-                raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
-
-
-def _fetch_chitchat(partial: Path, final: Path) -> None:
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "-d", str(partial), CHITCHAT_REQUIREMENT,
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    wheels = sorted(partial.glob("chitchat_dataset-*.whl"))
-    if result.returncode != 0 or not wheels:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
-        raise SourceError(
-            f"could not download {CHITCHAT_REQUIREMENT} with pip (exit {result.returncode}):\n"
-            f"{tail}\nWithout PyPI, copy {_CHITCHAT_MEMBER} from that wheel to "
-            f"{final / 'dataset.json'}."
-        )
-    digest = hashlib.sha256()
-    with (
-        zipfile.ZipFile(wheels[0]) as archive,
-        archive.open(_CHITCHAT_MEMBER) as member,
-        (partial / "dataset.json").open("wb") as out,
-    ):
-        while block := member.read(1 << 22):
-            out.write(block)
-            digest.update(block)
-    wheels[0].unlink()
-    if digest.hexdigest() != _CHITCHAT_SHA256:
-        raise SourceError(
-            f"{_CHITCHAT_MEMBER} from {CHITCHAT_REQUIREMENT} has sha256 {digest.hexdigest()}, "
-            f"expected {_CHITCHAT_SHA256}: pip found a different file (check `pip config list`)."
-        )
-
-
-def chitchat_conversations(path: str | Path | None = None) -> Iterator[tuple[str, list[str]]]:
-    """(conversation id, turns) of every chitchat conversation, in file order.
-
-    The JSON maps a conversation id to ``{"messages": [[utterance, ...], ...], ...}``: each inner
-    list is one speaker's turn, a run of utterances ``{"text", "sender", "timestamp"}``. A turn's
-    utterances are joined with newlines; empty utterances are dropped and the remaining runs of
-    one sender merged, so consecutive turns always alternate speakers.
-    """
-    with open(path or chitchat_path(), encoding="utf-8") as handle:
-        conversations = json.load(handle)
-    for conversation_id, conversation in conversations.items():
-        turns: list[tuple[str, list[str]]] = []
-        for turn in conversation["messages"]:
-            for utterance in turn:
-                text = utterance["text"].strip()
-                if not text:
-                    continue
-                if turns and turns[-1][0] == utterance["sender"]:
-                    turns[-1][1].append(text)
-                else:
-                    turns.append((utterance["sender"], [text]))
-        yield conversation_id, ["\n".join(lines) for _, lines in turns]
-
-
-def chitchat_transcript(turns: list[str]) -> str:
-    """A conversation as a plain-text transcript: one line per turn, speakers ``A:`` and ``B:``
-    alternating (a turn's own line breaks become spaces)."""
-    return "\n".join(f"{'AB'[i % 2]}: " + turn.replace("\n", " ") for i, turn in enumerate(turns))
-
-
-def chitchat_records(path: str | Path | None = None) -> Iterator[dict[str, Any]]:
-    """Chitchat conversations as chat records: the first speaker is the user, the second the
-    assistant. A trailing user turn is dropped (nothing answers it) and conversations without
-    any answer (44% of them have a single speaker) are skipped."""
-    for conversation_id, turns in chitchat_conversations(path):
-        turns = turns[: len(turns) // 2 * 2]
-        if not turns:
-            continue
-        messages = [
-            {"role": "user" if i % 2 == 0 else "assistant", "content": text}
-            for i, text in enumerate(turns)
-        ]
-        yield {"id": conversation_id, "text": None, "prompt": None, "messages": messages}
 
 
 # --------------------------------------------------------------------------------------------

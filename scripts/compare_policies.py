@@ -50,8 +50,8 @@ from draftsmith.core import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.online import OnlineAcceptance
 from draftsmith.decoding.policies import DEFAULT_POLICY
-from draftsmith.evaluation.benchmark import load_prompts
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge, format_divergence
+from draftsmith.evaluation.prompts import load_prompts
 from draftsmith.evaluation.stats import rotated, speedup_interval
 from draftsmith.heads import DraftModelDrafter
 from draftsmith.heads.eagle import FeatureDrafter

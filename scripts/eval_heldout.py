@@ -18,12 +18,12 @@ import torch
 from accelerate import Accelerator
 
 from draftsmith.artifact import load_head
-from draftsmith.zoo import load_model
 from draftsmith.data.documents import DataConfig, build_dataset
 from draftsmith.train.features import OnlineFeatures, packed_rows
 from draftsmith.train.head_objective import HeadObjective
 from draftsmith.train.metrics import Totals
 from draftsmith.train.objectives import ObjectiveConfig
+from draftsmith.zoo import load_model
 
 
 def main() -> None:

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from draftsmith.build.drafters import build_drafter
-from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.lossy import build_verifier
 from draftsmith.evaluation.fidelity import Decoded, fidelity, format_table, plot_tradeoff
+from draftsmith.zoo import load_model
 
 PROMPTS = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts" / "fidelity"
 DEFAULT_PROMPTS = [PROMPTS / "translation.jsonl", PROMPTS / "summarisation.jsonl"]

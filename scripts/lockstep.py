@@ -40,12 +40,12 @@ from transformers import DynamicCache
 from draftsmith.build.drafters import build_drafter
 from draftsmith.core import small_rows
 from draftsmith.core.cache import cache_argument
-from draftsmith.zoo import load_model
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.decoder import eos_token_ids
-from draftsmith.evaluation.benchmark import load_prompts
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge, format_divergence
+from draftsmith.evaluation.prompts import load_prompts
+from draftsmith.zoo import load_model
 
 
 def _compare_policies():

@@ -36,9 +36,8 @@ from typing import TypeVar
 
 from transformers import AutoTokenizer
 
+from draftsmith.data.chitchat import chitchat_conversations, chitchat_transcript
 from draftsmith.data.corpora import (
-    chitchat_conversations,
-    chitchat_transcript,
     python_functions,
     read_python_source,
     stdlib_files,

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from draftsmith.build import AUTO_TREE, cost_curve
 from draftsmith.build.drafters import build_drafter, route_parts
-from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.decoding.policies import DEFAULT_POLICY
 from draftsmith.decoding.routing import PLAIN
-from draftsmith.evaluation.benchmark import Benchmark, load_prompts
+from draftsmith.evaluation.benchmark import Benchmark
+from draftsmith.evaluation.prompts import load_prompts
+from draftsmith.zoo import load_model
 
 
 class RecordingDecoder(SpeculativeDecoder):

@@ -41,11 +41,11 @@ from tqdm import tqdm
 
 from draftsmith.build.drafters import build_drafter
 from draftsmith.calibration.metrics import ece, ece_debiased, nll
-from draftsmith.zoo import load_model
 from draftsmith.core.signals import AcceptanceModel
 from draftsmith.decoding import FixedPolicy, RoundRecord, SpeculativeDecoder
 from draftsmith.decoding.online import CORRECTION_GROUPS, OnlineAcceptance, round_outcomes
-from draftsmith.evaluation.benchmark import load_prompts
+from draftsmith.evaluation.prompts import load_prompts
+from draftsmith.zoo import load_model
 
 Round = tuple[dict[str, torch.Tensor], torch.Tensor]
 """One round's observed tokens: their signals (each (m,)) and outcomes (m,)."""

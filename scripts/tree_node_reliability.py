@@ -30,11 +30,11 @@ import torch
 
 from draftsmith.build.drafters import build_drafter
 from draftsmith.build.policies import parse_tree
-from draftsmith.zoo import load_model
 from draftsmith.core.sampling import SamplingParams, probabilities
 from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.evaluation.benchmark import load_prompts
+from draftsmith.evaluation.prompts import load_prompts
+from draftsmith.zoo import load_model
 
 VARIANTS = ("raw", "scaled", "rest")
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import torch
 
 from draftsmith.core import small_rows
-from draftsmith.zoo import load_model
 from draftsmith.decoding.profile import profile_target
+from draftsmith.zoo import load_model
 
 
 def use_kernel(name: str) -> None:

@@ -29,7 +29,7 @@ from draftsmith.core.config import config_to_dict
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.signals import confidence_signals
 from draftsmith.decoding.results import GenerationStats
-from draftsmith.evaluation.benchmark import Aggregate, PromptResult, PromptRun, format_table
+from draftsmith.evaluation.report import Aggregate, PromptResult, PromptRun, format_table
 from draftsmith.heads import Draft
 from draftsmith.heads.blocks import ROTARY_BUFFERS
 

@@ -16,7 +16,7 @@ from draftsmith.core.attention import use_grouped_sdpa
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import FixedPolicy, SpeculativeDecoder
 from draftsmith.decoding.results import GenerationResult, GenerationStats
-from draftsmith.evaluation.benchmark import Benchmark, bundled_prompts, format_table, load_prompts
+from draftsmith.evaluation.benchmark import Benchmark
 from draftsmith.evaluation.divergence import (
     FLOAT32_ULPS,
     RESCORE_BLOCKS,
@@ -25,6 +25,8 @@ from draftsmith.evaluation.divergence import (
     next_logits_by_shape,
     next_logits_in_batch,
 )
+from draftsmith.evaluation.prompts import bundled_prompts, load_prompts
+from draftsmith.evaluation.report import format_table
 from draftsmith.heads import DraftModelDrafter, NgramDrafter
 
 PROMPTS = [

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from draftsmith.core.config import config_from_dict
-from draftsmith.data import corpora
+from draftsmith.data import chitchat, corpora
 from draftsmith.data import regenerate as regenerate_module
 from draftsmith.data.documents import (
     METADATA_FILE,
@@ -365,7 +365,7 @@ def test_chitchat_conversations_become_alternating_chat_records(tmp_path):
     }
     path = tmp_path / "dataset.json"
     path.write_text(json.dumps(data))
-    records = list(corpora.chitchat_records(path))
+    records = list(chitchat.chitchat_records(path))
     assert records == [
         {
             "id": "conv-a",
@@ -407,8 +407,8 @@ def test_chitchat_cache_is_used_without_pip(tmp_path, monkeypatch):
     def no_pip(*args, **kwargs):
         raise AssertionError("pip must not run when the file is cached")
 
-    monkeypatch.setattr(corpora.subprocess, "run", no_pip)
-    assert corpora.chitchat_path(tmp_path) == cached
+    monkeypatch.setattr(chitchat.subprocess, "run", no_pip)
+    assert chitchat.chitchat_path(tmp_path) == cached
 
 
 # --------------------------------------------------------------------------------------------

@@ -437,8 +437,8 @@ def test_the_recipe_s_head_builds_on_the_real_qwen_pair():
     """The 0.5B shares the 1.5B's vocabulary and tokenizer; LoRA leaves a few percent to train."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from draftsmith.zoo import fetch_model
     from draftsmith.heads import head_class
+    from draftsmith.zoo import fetch_model
 
     target_dir = fetch_model("qwen2.5-coder-1.5b")
     args = load_train_config(QWEN_RECIPE).head_args

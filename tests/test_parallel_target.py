@@ -20,13 +20,13 @@ from test_cli import bench, fails, prompts
 from test_trainer import byte_tokenizer, free_port
 
 from draftsmith.commands.cli import main
-from draftsmith.zoo import load_model
 from draftsmith.core.parallel import (
     check_tensor_parallel,
     placement,
     split_device_map,
 )
 from draftsmith.decoding.profile import CostCurve
+from draftsmith.zoo import load_model
 
 HERE = Path(__file__).resolve().parent
 

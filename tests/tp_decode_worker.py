@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.zoo import load_model
 from draftsmith.core.parallel import shards_agree, tensor_parallel_world_size
+from draftsmith.zoo import load_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 from parallel_cases import decode_cases  # noqa: E402

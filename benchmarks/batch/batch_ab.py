@@ -18,9 +18,9 @@ from importlib.resources import files
 
 from draftsmith.build import AUTO_TREE, cost_curve, parse_options, split_policy_spec, tree_options
 from draftsmith.build.drafters import build_drafter
-from draftsmith.zoo import load_model
 from draftsmith.decoding import SpeculativeDecoder, build_policy
 from draftsmith.evaluation.benchmark import Benchmark
+from draftsmith.zoo import load_model
 
 TARGET, DRAFTER, NEW_TOKENS = "qwen2.5-coder-1.5b", "draft-model:qwen2.5-coder-0.5b", 64
 

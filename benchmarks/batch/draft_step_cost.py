@@ -14,9 +14,9 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.core.cache import cache_argument
-from draftsmith.zoo import load_model
 from draftsmith.core.ragged import RaggedTarget
 from draftsmith.core.tree import chain_parents
+from draftsmith.zoo import load_model
 
 STEPS = 6
 

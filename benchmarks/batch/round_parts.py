@@ -18,11 +18,11 @@ from collections import defaultdict
 import torch
 
 from draftsmith.build.drafters import build_drafter
-from draftsmith.zoo import load_model
 from draftsmith.core.ragged import RaggedTarget, left_padded
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.evaluation.benchmark import bundled_prompts, load_prompts
+from draftsmith.evaluation.prompts import bundled_prompts, load_prompts
+from draftsmith.zoo import load_model
 
 TIMES: dict[str, list[float]] = defaultdict(list)
 

@@ -15,7 +15,6 @@ import time
 
 import torch
 
-from draftsmith.zoo import load_model
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.heads.base import DraftRequest, TreeShape
@@ -23,6 +22,7 @@ from draftsmith.heads.eagle import FeatureDrafter
 from draftsmith.heads.medusa import MedusaDrafter
 from draftsmith.heads.mtp import MTPDrafter
 from draftsmith.heads.trainable import build_head
+from draftsmith.zoo import load_model
 
 DRAFTERS = {"medusa": MedusaDrafter, "mtp": MTPDrafter, "eagle": FeatureDrafter}
 SHAPES = (TreeShape(top_k=4, depth=4, total_tokens=16, expand=1), TreeShape.chain(4))

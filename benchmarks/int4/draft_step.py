@@ -18,8 +18,8 @@ from transformers import DynamicCache
 
 from draftsmith.core import int4_rows
 from draftsmith.core.cache import cache_argument
-from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import prepack, small_rows
+from draftsmith.zoo import load_model
 
 CONTEXT = 300
 REPEATS = 12

@@ -19,10 +19,10 @@ import torch
 from draftsmith.build import AUTO_TREE, cost_curve
 from draftsmith.build.drafters import build_drafter
 from draftsmith.core import int4_rows
-from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import SpeculativeDecoder, build_policy
-from draftsmith.evaluation.benchmark import load_prompts
+from draftsmith.evaluation.prompts import load_prompts
+from draftsmith.zoo import load_model
 
 METHODS = ("plain", "hf_bf16", "hf_int4", "draftsmith")
 

@@ -14,10 +14,10 @@ from weight_first import use_kernel
 
 from draftsmith import SpeculativeDecoder
 from draftsmith.build.drafters import build_drafter
-from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding import build_policy
-from draftsmith.evaluation.benchmark import load_prompts
+from draftsmith.evaluation.prompts import load_prompts
+from draftsmith.zoo import load_model
 
 METHODS = [("plain", "stock"), ("plain", "packed"), ("ours", "weight-first"), ("ours", "packed")]
 

@@ -17,10 +17,10 @@ from transformers import DynamicCache
 
 from draftsmith.core.attention import GROUPED_SDPA
 from draftsmith.core.cache import crop_cache
-from draftsmith.zoo import load_model
 from draftsmith.core.small_rows import small_rows
 from draftsmith.core.tree import additive_mask
 from draftsmith.heads.blocks import causal_mask
+from draftsmith.zoo import load_model
 
 
 def verify_seconds(model, cache: DynamicCache, context: int, n: int) -> float:

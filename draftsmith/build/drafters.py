@@ -11,10 +11,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from draftsmith.artifact import load_acceptance_model, load_drafter, read_artifact_config
 from draftsmith.artifact.engines import foreign_layout
 from draftsmith.core.models import check_same_vocabulary
-from draftsmith.zoo import load_model
 from draftsmith.core.signals import AcceptanceModel
 from draftsmith.decoding.routing import RoutingDrafter
 from draftsmith.heads import Drafter, DraftModelDrafter, NgramDrafter
+from draftsmith.zoo import load_model
 
 logger = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from draftsmith.build.flags import Range, at_least, between
 from draftsmith.build.placement import TargetPlacement
 from draftsmith.build.policies import AUTO_TREE, policy_from_spec
-from draftsmith.build.flags import Range, at_least, between
 from draftsmith.core.models import Dtype
 from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
-from draftsmith.evaluation.benchmark import bundled_prompts
+from draftsmith.evaluation.prompts import bundled_prompts
 
 
 @dataclass(kw_only=True)
@@ -143,7 +143,8 @@ class BenchCommand(TargetPlacement):
         from draftsmith.core.parallel import is_main_process, placement
         from draftsmith.decoding import SpeculativeDecoder
         from draftsmith.decoding.lossy import build_verifier
-        from draftsmith.evaluation.benchmark import Benchmark, load_prompts
+        from draftsmith.evaluation.benchmark import Benchmark
+        from draftsmith.evaluation.prompts import load_prompts
         from draftsmith.evaluation.suite import (
             SUITE_MAX_NEW_TOKENS,
             SUITE_REPEATS,
@@ -200,8 +201,8 @@ class BenchCommand(TargetPlacement):
 
     def write_report(self, report: dict) -> None:
         """Print the report's table and divergences; write its plot and JSON where asked."""
-        from draftsmith.evaluation.benchmark import format_table
         from draftsmith.evaluation.divergence import format_divergence
+        from draftsmith.evaluation.report import format_table
 
         print(format_table(report))
         if "hf_assisted" in report:

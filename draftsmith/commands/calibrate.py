@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from draftsmith.artifact.calibrate import prepare_calibration
+from draftsmith.build.flags import POSITIONAL, Range, as_config, at_least
 from draftsmith.calibration import calibrator_class
 from draftsmith.calibration.heldout import CollectChoice
 from draftsmith.calibration.io import write_json
 from draftsmith.calibration.pipeline import CalibrateConfig
 from draftsmith.calibration.report import format_table, format_workload_table
-from draftsmith.build.flags import POSITIONAL, Range, as_config, at_least
 from draftsmith.core.models import Dtype
 from draftsmith.zoo import load_model
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from draftsmith.build.placement import TargetPlacement
 from draftsmith.build.flags import Range, at_least
+from draftsmith.build.placement import TargetPlacement
 from draftsmith.core.models import Dtype
 
 if TYPE_CHECKING:

@@ -18,15 +18,11 @@ replayed among them).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -36,13 +32,13 @@ from draftsmith.core.ragged import left_padded
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding.decoder import (
     GenerationResult,
-    GenerationStats,
     SpeculativeDecoder,
     check_context,
     eos_token_ids,
 )
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
-from draftsmith.evaluation.stats import rotated, speedup_interval
+from draftsmith.evaluation.report import Aggregate, PromptResult, PromptRun
+from draftsmith.evaluation.stats import rotated
 
 logger = logging.getLogger(__name__)
 
@@ -51,143 +47,6 @@ HF_ASSISTED_BATCH = (
     "not run: Hugging Face assisted generation supports batch size 1 only "
     "(its generate raises for a larger batch)"
 )
-
-
-@dataclass
-class PromptRun:
-    """One method's output for one prompt."""
-
-    tokens: list[int]
-    wall_s: float
-
-
-@dataclass
-class PromptResult:
-    index: int
-    workload: str
-    plain: PromptRun
-    hf: PromptRun | None
-    """None when the drafter has no Hugging Face counterpart."""
-    draftsmith: PromptRun
-    stats: GenerationStats
-    lossy: bool = False
-    """A lossy verifier made draftsmith's output."""
-    divergence: dict | None = None
-
-    def timings(self) -> dict:
-        """{"tokens": {method: n}, "seconds": {method: s}} of the methods that ran."""
-        runs = {"plain": self.plain, "hf": self.hf, "draftsmith": self.draftsmith}
-        runs = {name: run for name, run in runs.items() if run is not None}
-        return {
-            "tokens": {name: len(run.tokens) for name, run in runs.items()},
-            "seconds": {name: run.wall_s for name, run in runs.items()},
-        }
-
-    def record(self) -> dict:
-        """The prompt's own figures, for the report's per-prompt list."""
-        forwards = max(self.stats.target_forwards, 1)
-        return {
-            "index": self.index,
-            "workload": self.workload,
-            **self.timings(),
-            "mean_accepted_length": self.stats.new_tokens / forwards,
-            "identical_to_plain": self.draftsmith.tokens == self.plain.tokens,
-        }
-
-
-@dataclass
-class Aggregate:
-    """Totals for a group of prompts, turned into the report's keys by `summary`."""
-
-    results: list[PromptResult] = field(default_factory=list)
-
-    def summary(self, greedy: bool) -> dict:
-        def tok_s(method: str) -> float | None:
-            runs = [getattr(r, method) for r in self.results]
-            if any(run is None for run in runs):
-                return None
-            return sum(len(run.tokens) for run in runs) / sum(run.wall_s for run in runs)
-
-        drafted, accepted = _position_counts([r.stats for r in self.results])
-        forwards = sum(r.stats.target_forwards for r in self.results)
-        new_tokens = sum(r.stats.new_tokens for r in self.results)
-        divergences = [r.divergence for r in self.results if r.divergence is not None]
-        lossy = any(r.lossy for r in self.results)
-        plain, hf, ours = tok_s("plain"), tok_s("hf"), tok_s("draftsmith")
-        timings = [r.timings() for r in self.results]
-        return {
-            "n_prompts": len(self.results),
-            "plain_tok_s": plain,
-            "hf_tok_s": hf,
-            "draftsmith_tok_s": ours,
-            "speedup_vs_plain": ours / plain,
-            "speedup_vs_hf": None if hf is None else ours / hf,
-            "hf_speedup_vs_plain": None if hf is None else hf / plain,
-            "speedup_vs_plain_interval": speedup_interval(timings, "draftsmith"),
-            "speedup_vs_hf_interval": (
-                None if hf is None else speedup_interval(timings, "draftsmith", "hf")
-            ),
-            "hf_speedup_vs_plain_interval": None if hf is None else speedup_interval(timings, "hf"),
-            "mean_accepted_length": new_tokens / max(forwards, 1),
-            "mean_draft_size": sum(r.stats.drafted for r in self.results) / max(forwards, 1),
-            "acceptance_by_position": [a / d for a, d in zip(accepted, drafted, strict=True)],
-            "lossy": lossy,
-            "identical_to_plain": (not divergences) if greedy and not lossy else None,
-            "exact_match_rate": (
-                sum(r.draftsmith.tokens == r.plain.tokens for r in self.results) / len(self.results)
-                if greedy
-                else None
-            ),
-            "hf_identical_to_plain": (
-                all(r.hf.tokens == r.plain.tokens for r in self.results)
-                if greedy and hf is not None
-                else None
-            ),
-            "divergences": divergences,
-            "unexplained_divergences": [d for d in divergences if not d["explained"]],
-        }
-
-
-def _position_counts(stats: list[GenerationStats]) -> tuple[list[int], list[int]]:
-    width = max((len(s.drafted_by_position) for s in stats), default=0)
-    drafted, accepted = [0] * width, [0] * width
-    for s in stats:
-        for i, (d, a) in enumerate(zip(s.drafted_by_position, s.accepted_by_position, strict=True)):
-            drafted[i] += d
-            accepted[i] += a
-    return drafted, accepted
-
-
-BUNDLED_PROMPTS = "bench_prompts.jsonl"
-
-
-def bundled_prompts() -> Path:
-    """The prompt set shipped with the package (code, chat and prose)."""
-    return Path(str(resources.files("draftsmith.evaluation") / BUNDLED_PROMPTS))
-
-
-def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Read a jsonl of {"prompt": str, "workload": str (optional)} records."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"prompt file {path} does not exist: give a jsonl with 'prompt' fields"
-        )
-    records = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{line_no}: not a JSON record ({error})") from None
-        prompt = record.get("prompt") if isinstance(record, dict) else None
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"{path}:{line_no}: each line needs a non-empty string 'prompt'")
-        records.append({"prompt": prompt, "workload": record.get("workload", "default")})
-    if not records:
-        raise ValueError(f"prompt file {path} holds no prompts")
-    return records[:limit] if limit else records
 
 
 class Benchmark:
@@ -401,37 +260,3 @@ class Benchmark:
     def _pad_id(self) -> int:
         """Any id: the attention mask hides padding."""
         return self._hf_kwargs()["pad_token_id"] or 0
-
-
-def format_table(report: dict) -> str:
-    """A readable table of the report, one row per workload and one overall."""
-    header = (
-        f"{'workload':<10} {'n':>3} {'plain tok/s':>11} {'HF tok/s':>9} {'ours tok/s':>10} "
-        f"{'vs plain':>8} {'vs HF':>6} {'HF/plain':>8} {'tau':>5} {'identical':>9}"
-    )
-    rows = [header, "-" * len(header)]
-    if report.get("lossy"):
-        rows.insert(0, "LOSSY verification: outputs may differ from the target's own")
-    named = [*report["workloads"].items(), ("overall", report["overall"])]
-    for name, s in named:
-        identical = s["identical_to_plain"]
-        if identical is False and not s["unexplained_divergences"]:
-            identical = "rounding"
-        if s["lossy"]:
-            match = s["exact_match_rate"]
-            identical = "lossy" if match is None else f"lossy {match:.0%}"
-        rows.append(
-            f"{name:<10} {s['n_prompts']:>3} {s['plain_tok_s']:>11.2f} "
-            f"{_number(s['hf_tok_s'], 9, '.2f')} "
-            f"{s['draftsmith_tok_s']:>10.2f} {s['speedup_vs_plain']:>7.2f}x "
-            f"{_number(s['speedup_vs_hf'], 6, '.2f', 'x')} "
-            f"{_number(s['hf_speedup_vs_plain'], 8, '.2f', 'x')} "
-            f"{s['mean_accepted_length']:>5.2f} {str(identical):>9}"
-        )
-    return "\n".join(rows)
-
-
-def _number(value: float | None, width: int, spec: str, unit: str = "") -> str:
-    """value formatted right-aligned in width characters, or "-" when there is none."""
-    text = "-" if value is None else f"{value:{spec}}{unit}"
-    return f"{text:>{width}}"

@@ -9,7 +9,7 @@ greedy output, and names what it ran on (`environment`).
 
 The workloads follow Spec-Bench (multi-turn chat, code completion, summarisation, translation,
 math reasoning, question answering over a passage in the prompt), 12 prompts each, built by
-``suites/build_standard.py`` from text that installs offline and that no recipe trains or
+``benchmarks/suite/build_standard.py`` from text that installs offline and that no recipe trains or
 calibrates on: the suite measures drafting on text the drafter has not seen.
 
 Tokens per prompt: `SUITE_MAX_NEW_TOKENS` = 64. The budget is the main job's EAGLE-3 head for
@@ -223,13 +223,8 @@ def recipe_sources(
     sources). Hub datasets cannot be read on these machines: they come with None and the
     reason."""
     from draftsmith.core.home import default_home
-    from draftsmith.data.corpora import (
-        CHITCHAT_REQUIREMENT,
-        chitchat_conversations,
-        read_python_source,
-        stdlib_files,
-        stdlib_root,
-    )
+    from draftsmith.data.chitchat import CHITCHAT_REQUIREMENT, chitchat_conversations
+    from draftsmith.data.corpora import read_python_source, stdlib_files, stdlib_root
 
     root = stdlib_root()
     yield "stdlib", (read_python_source(root / m) for m in stdlib_files()), ""

@@ -1,8 +1,9 @@
-"""Build the standard benchmark suite, ``standard-v1.jsonl`` beside this script.
+"""Build the standard benchmark suite, ``draftsmith/evaluation/suites/standard-v1.jsonl`` (the
+package installs it; this build script stays beside the benchmarks).
 
-    apt-get install -y bible-kjv jargon-text                  # build time only
-    python draftsmith/evaluation/suites/build_standard.py          # rewrites the file
-    python draftsmith/evaluation/suites/build_standard.py --check  # exit 1 if it differs
+    apt-get install -y bible-kjv jargon-text              # build time only
+    python benchmarks/suite/build_standard.py             # rewrites the file
+    python benchmarks/suite/build_standard.py --check     # exit 1 if it differs
 
 Six workloads in the spirit of Spec-Bench, built only from text that installs offline and that no
 recipe trains or calibrates on (`draftsmith.evaluation.suite.recipe_sources`):
@@ -55,8 +56,9 @@ from draftsmith.data.corpora import (
 )
 from draftsmith.evaluation.suite import SUITE_WORKLOADS, recipe_sources, shared_ngrams
 
-OUT = Path(__file__).resolve().with_name("standard-v1.jsonl")
-RECIPES = Path(__file__).resolve().parents[3] / "recipes"
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "draftsmith" / "evaluation" / "suites" / "standard-v1.jsonl"
+RECIPES = REPO / "recipes"
 PER_WORKLOAD = 12
 SEED = 61
 CHATTERBOT = "chatterbot-corpus==1.3.3"
