@@ -52,7 +52,7 @@ class BenchCommand(TargetPlacement):
     """Runs of every method on every prompt, in rotating order; the fastest counts (default 1;
     with --suite, 3)."""
     max_new_tokens: int | None = None
-    """Tokens generated after each prompt (default 128; with --suite, the suite's 64)."""
+    """Tokens generated after each prompt (default 128; with --suite, the suite's 48)."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy."""
     top_p: float | None = None

@@ -12,12 +12,12 @@ math reasoning, question answering over a passage in the prompt), 12 prompts eac
 ``benchmarks/suite/build_standard.py`` from text that installs offline and that no recipe trains or
 calibrates on: the suite measures drafting on text the drafter has not seen.
 
-Tokens per prompt: `SUITE_MAX_NEW_TOKENS` = 64. The budget is the main job's EAGLE-3 head for
+Tokens per prompt: `SUITE_MAX_NEW_TOKENS` = 48. The budget is the main job's EAGLE-3 head for
 SmolLM2-135M on a 2-core CPU in float32, where plain decoding runs at 20-30 tokens/s: 72 prompts x
-3 repeats x (plain + draftsmith) x 64 tokens is about 27,600 decoded tokens, some 17 minutes at
-~25 tokens/s for plain and faster for draftsmith, inside the 20 minutes the whole suite may take
-there with the warm-up, prefills and the divergence judge. A drafter with a Hugging Face
-counterpart adds assisted generation, a third method (a third more time).
+3 repeats x (plain + draftsmith) x 48 tokens is about 20,700 decoded tokens, some 12 minutes at
+~25 tokens/s for plain and faster for draftsmith, which leaves room inside the 20 minutes the
+whole suite may take there for the warm-up, prefills and the divergence judge. A drafter with a
+Hugging Face counterpart adds assisted generation, a third method (half as much time again).
 
 Chat-style records (a list of turns) go through the target's chat template; a tokenizer without
 one gets a plain ``User:`` / ``Assistant:`` transcript. Code records are text to continue.
@@ -40,7 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 SUITES = {"standard": "suites/standard-v1.jsonl"}
 """Suite names and their files in this package; a new version is a new file."""
 SUITE_WORKLOADS = ("chat", "code", "summarisation", "translation", "math", "qa")
-SUITE_MAX_NEW_TOKENS = 64
+SUITE_MAX_NEW_TOKENS = 48
 SUITE_REPEATS = 3
 NGRAM = 8
 RECORD_KEYS = ("id", "workload", "prompt", "source", "licence")
