@@ -1,7 +1,7 @@
 """Online recalibration of the acceptance model from the decoder's own verifications.
 
 A calibrator fitted offline (held-out stdlib code, teacher-forced) drifts when the traffic
-changes (benchmarks/README.md, "Online recalibration"). Every verification labels the drafted
+changes (benchmarks/notes/calibration.md). Every verification labels the drafted
 tokens it looked at for free, so `OnlineAcceptance` keeps correcting the offline model from that
 stream:
 
@@ -128,9 +128,9 @@ class OnlineAcceptance:
     each with or without a `context_match` (the token continues an n-gram of the committed
     sequence; `draftsmith.core.context`). At equal confidence the groups are accepted at
     different rates, so one correction shared by them is off for each: first tokens overrated
-    and later ones underrated on the quickstart head's decoding (benchmarks/README.md, session
-    32), and tokens that repeat the context accepted far more often than the rest at the same
-    draft confidence (session 39), which lets a plan draft deep where the text repeats itself and
+    and later ones underrated on the quickstart head's decoding, and tokens that repeat the
+    context accepted far more often than the rest at the same draft confidence
+    (benchmarks/notes/calibration.md), which lets a plan draft deep where the text repeats itself and
     stop early where it does not. The first token's acceptance is what decides whether drafting
     pays at all. Before any observation each predicts exactly the offline model, and a workload
     where the offline fit is too confident moves a below 0 (a shift) or b below 1 (a
@@ -154,8 +154,8 @@ class OnlineAcceptance:
         forgetting: float = 0.99,
         split_on: tuple[str, ...] = SPLIT_SIGNALS,
     ) -> None:
-        """Defaults chosen by replaying the tuning streams of benchmarks/README.md ("Online
-        recalibration"; `scripts/stream_calibration.py`) over prior_strength and forgetting:
+        """Defaults chosen by replaying the tuning streams of benchmarks/notes/calibration.md
+        (`scripts/stream_calibration.py`) over prior_strength and forgetting:
         prior_strength 10 (the prior worth ~40 observations) is as good as the best there and
         the most cautious of the near-best, so a few misses at a confident prediction do not
         swing it; forgetting 0.99 (a memory of ~100 observations) follows a new workload within
