@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.evaluation.results import main, render_page
+from draftsmith.evaluation.suite import SUITE_MAX_NEW_TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def _report(drafter: str, hardware: str, date: str, **config) -> dict:
             "date": date,
             "command": f"draftsmith bench --target t --drafter {drafter} --suite standard",
         },
-        "config": {"target": "t", "drafter": drafter, "max_new_tokens": 64, "repeats": 3,
+        "config": {"target": "t", "drafter": drafter, "max_new_tokens": SUITE_MAX_NEW_TOKENS, "repeats": 3,
                    "policy": "cost-aware", **config},
     }  # fmt: skip
 
