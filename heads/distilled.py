@@ -30,12 +30,12 @@ from transformers import (
 
 from draftsmith.core.fingerprint import model_fingerprint
 from draftsmith.core.models import check_same_vocabulary
-from draftsmith.zoo import load_model
 from draftsmith.core.target import TargetBatch
 from draftsmith.heads.base import register_drafter
 from draftsmith.heads.blocks import seeded, text_config
 from draftsmith.heads.draft_model import DraftModelDrafter
 from draftsmith.heads.trainable import DraftHead, HeadConfig
+from draftsmith.zoo import load_model
 
 _LAYER = re.compile(r"\blayers\.(\d+)\.")
 
