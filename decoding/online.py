@@ -155,7 +155,7 @@ class OnlineAcceptance:
         split_on: tuple[str, ...] = SPLIT_SIGNALS,
     ) -> None:
         """Defaults chosen by replaying the tuning streams of benchmarks/notes/calibration.md
-        (`scripts/stream_calibration.py`) over prior_strength and forgetting:
+        (`benchmarks/calibration/stream_calibration.py`) over prior_strength and forgetting:
         prior_strength 10 (the prior worth ~40 observations) is as good as the best there and
         the most cautious of the near-best, so a few misses at a confident prediction do not
         swing it; forgetting 0.99 (a memory of ~100 observations) follows a new workload within
@@ -163,7 +163,7 @@ class OnlineAcceptance:
         every token; each group keeps them.
 
         split_on: the `SPLIT_SIGNALS` that split the groups; tokens that differ only in the
-        others are corrected together (the baselines of `scripts/compare_policies.py`)."""
+        others are corrected together (the baselines of `benchmarks/policies/compare_policies.py`)."""
         unknown = set(split_on) - set(SPLIT_SIGNALS)
         if unknown:
             raise ValueError(f"split_on names {sorted(unknown)}; choose from {SPLIT_SIGNALS}")

@@ -1,4 +1,4 @@
-"""The bootstrap interval on a speed ratio that `Benchmark` and scripts/compare_policies.py share
+"""The bootstrap interval on a speed ratio that `Benchmark` and benchmarks/policies/compare_policies.py share
 (it must hold the ratio the summed prompts give, and widen when the prompts disagree), the
 methods' rotating order, and the plain runs compare_policies.py and lockstep.py replay for the
 divergence judge."""
@@ -16,7 +16,7 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
 from draftsmith.evaluation.stats import rotated, speedup_interval
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_policies.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "policies" / "compare_policies.py"
 
 
 def _prompts(policy_seconds: list[float]) -> list[dict]:

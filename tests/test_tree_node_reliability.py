@@ -1,4 +1,4 @@
-"""scripts/tree_node_reliability.py labels sampled tree nodes with the probability that
+"""benchmarks/trees/tree_node_reliability.py labels sampled tree nodes with the probability that
 verification accepts them; those labels must be what `verify_sampling` does."""
 
 import importlib.util
@@ -11,7 +11,7 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.decoding import verify_sampling
 from draftsmith.heads.base import Draft
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tree_node_reliability.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "trees" / "tree_node_reliability.py"
 
 
 def _script():

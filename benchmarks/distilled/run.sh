@@ -60,7 +60,7 @@ cp $run/metrics.jsonl $out/train_metrics_$dtype.jsonl
 
 # The bundled prompts (8 held-out stdlib functions, 4 chat and 4 prose lines); both drafts under
 # the default policy and at a fixed 8 tokens a round (the drafts alone, whatever they cost).
-python scripts/compare_policies.py --target qwen2.5-coder-1.5b --dtype $dtype \
+python benchmarks/policies/compare_policies.py --target qwen2.5-coder-1.5b --dtype $dtype \
     --drafter draft-model:qwen2.5-coder-0.5b --max-new-tokens $new_tokens \
     --prompts draftsmith/evaluation/bench_prompts.jsonl \
     --policy cost-aware --policy "cost-aware:artifact=$run/drafter" \

@@ -19,7 +19,7 @@ draftsmith bench "${common[@]}" --temperature 1 --top-p 0.9 --json $out/bench_t1
 # Every policy on the same bundled prompts: the best fixed lengths, today's hand-tuned flags,
 # cost-aware on calibrated vs raw confidence and on the learned acceptance head (Platt-scaled,
 # runs/exp13-acceptance/code-2: the same drafter), and the published stop rules.
-python scripts/compare_policies.py "${common[@]}" --prompts draftsmith/evaluation/bench_prompts.jsonl \
+python benchmarks/policies/compare_policies.py "${common[@]}" --prompts draftsmith/evaluation/bench_prompts.jsonl \
     --policy cost-aware --policy fixed:max_draft_tokens=2 --policy fixed:max_draft_tokens=4 \
     --policy fixed:max_draft_tokens=8 --policy threshold:max_draft_tokens=12,min_path_confidence=0.4 \
     --policy cost-aware:raw=1,recalibrate=0 \

@@ -1,6 +1,6 @@
 """The statistics of an interleaved side-by-side run: the order methods take on each repeat, and
 bootstrap intervals on a speed ratio over prompts. `Benchmark` (and so ``draftsmith bench``) and
-``scripts/compare_policies.py`` share them."""
+``benchmarks/policies/compare_policies.py`` share them."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 summarisation}.jsonl``: tasks with references, from text installed on a Debian machine that no
 training or calibration set of ours used (those are stdlib code and chitchat).
 
-    python scripts/make_fidelity_prompts.py            # rewrites the files, prints a summary
-    python scripts/make_fidelity_prompts.py --check    # exits 1 if a committed file differs
+    python benchmarks/prompts/make_fidelity_prompts.py            # rewrites the files, prints a summary
+    python benchmarks/prompts/make_fidelity_prompts.py --check    # exits 1 if a committed file differs
 
 Each line is ``{"prompt", "workload", "reference", "source"}``, a one-shot raw-text prompt whose
 answer is one line (no chat template):
@@ -35,7 +35,7 @@ from make_bench_prompts import stable_order
 
 LOCALE = Path("/usr/share/locale")
 DPKG_STATUS = Path("/var/lib/dpkg/status")
-OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts" / "fidelity"
+OUT = Path(__file__).resolve().parent / "fidelity"
 LANGUAGES = {"fr": "French", "de": "German", "es": "Spanish"}
 PER_LANGUAGE = 4
 SUMMARIES = 10

@@ -1,7 +1,7 @@
 """The target's verification cost with stock linear layers and draftsmith's (oneDNN on prepacked
 weights, `draftsmith.core.small_rows`), alternated in one run: per size the fastest of all rounds.
 
-    python scripts/verify_curve_ab.py TARGET DTYPE ROUNDS MAX_TOKENS OUT.json
+    python benchmarks/kernels/verify_curve_ab.py TARGET DTYPE ROUNDS MAX_TOKENS OUT.json
 """
 
 import json

@@ -1,8 +1,8 @@
 """Build the bundled benchmark prompt set, ``draftsmith/evaluation/bench_prompts.jsonl``.
 
     apt-get install -y bible-kjv fortunes jargon-text
-    python scripts/make_bench_prompts.py            # rewrites the file, prints a summary
-    python scripts/make_bench_prompts.py --check    # exits 1 if the committed file differs
+    python benchmarks/prompts/make_bench_prompts.py            # rewrites the file, prints a summary
+    python benchmarks/prompts/make_bench_prompts.py --check    # exits 1 if the committed file differs
 
 Each line is ``{"prompt", "workload", "source"}``, a plain-text prompt any target continues
 without a chat template:
@@ -46,7 +46,7 @@ from draftsmith.data.corpora import (
 from draftsmith.data.documents import HELDOUT_FRACTION, document_split, stdlib_split
 from draftsmith.zoo import fetch_model
 
-OUT = Path(__file__).resolve().parents[1] / "decoding" / "bench_prompts.jsonl"
+OUT = Path(__file__).resolve().parents[2] / "draftsmith" / "evaluation" / "bench_prompts.jsonl"
 TOKENIZER = "qwen2.5-coder-0.5b"
 CODE_PROMPTS, CHAT_PROMPTS = 8, 4
 CODE_TOKENS, TEXT_TOKENS = (100, 400), (100, 300)

@@ -14,7 +14,7 @@ bookkeeping, so a ratio here is at most the one against `generate`. Every method
 prompts; at temperature > 0 each side samples its own tokens, and speeds are tokens over
 seconds.
 
-    python scripts/lockstep.py --target NAME --drafter SPEC --prompts FILE.jsonl \
+    python benchmarks/policies/lockstep.py --target NAME --drafter SPEC --prompts FILE.jsonl \
         [--dtype float32] [--max-new-tokens 128] [--temperature 1] [--seed 0] \
         --policy cost-aware --policy fixed:max_draft_tokens=0 [--json OUT.json]
 

@@ -6,7 +6,7 @@ p until the first rejection; a probe's first round also pays 1 s of the drafter 
 request is 128 rounds. Prints tokens/s relative to plain decoding for a fixed 4-token chain and
 for the policy, over 3 seeds of 3,000 rounds:
 
-    python scripts/simulate_fallback.py [--policy-source FILE.py ...] [--patience 8]
+    python benchmarks/policies/simulate_fallback.py [--policy-source FILE.py ...] [--patience 8]
 
 --policy-source runs another version of `decoding/policies/cost_aware.py` beside this one (for
 example `git show REV:decoding/policies/cost_aware.py > old.py`), each with its defaults.

@@ -3,8 +3,8 @@ workloads that no training or calibration data of ours used, to measure how a ca
 on held-out stdlib code holds on other traffic (issue 13, item 6).
 
     apt-get install -y bible-kjv fortunes jargon-text
-    python scripts/make_shift_prompts.py            # rewrites the files, prints a summary
-    python scripts/make_shift_prompts.py --check    # exits 1 if a committed file differs
+    python benchmarks/prompts/make_shift_prompts.py            # rewrites the files, prints a summary
+    python benchmarks/prompts/make_shift_prompts.py --check    # exits 1 if a committed file differs
 
 Each line is ``{"prompt", "workload", "source"}``, 16 per workload, plain text any target
 continues without a chat template, cut at a line boundary:
@@ -56,7 +56,7 @@ from make_bench_prompts import (
 
 from draftsmith.data.corpora import read_python_source
 
-OUT = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "shift"
+OUT = Path(__file__).resolve().parent / "shift"
 TOKENIZER = "smollm2-135m"
 PER_WORKLOAD = 16
 TEXT_TOKENS = (100, 300)

@@ -3,7 +3,7 @@ trainer's evaluation computes them (teacher-forced at every position, counting t
 completions / assistant turns, as a recipe's eval_data does), for comparing one head across
 workloads:
 
-    python scripts/eval_heldout.py ARTIFACT --target NAME --data FILE.jsonl \
+    python benchmarks/training/eval_heldout.py ARTIFACT --target NAME --data FILE.jsonl \
         [--dtype float32] [--seq-len 512] [--max-tokens 32768] [--batch-size 4]
 
 Prints one JSON record (the trainer's metrics plus the data file and row count).

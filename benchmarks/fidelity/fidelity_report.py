@@ -2,12 +2,12 @@
 decoded greedily by the lossless verifier and by each lossy mode at each threshold, back to back
 on the same loaded models (so machine noise hits them alike), with the same fixed draft policy.
 
-    python scripts/fidelity_report.py --target NAME --drafter SPEC --out DIR \
+    python benchmarks/fidelity/fidelity_report.py --target NAME --drafter SPEC --out DIR \
         [--prompts FILE.jsonl ...] [--dtype float32] [--max-new-tokens 64] [--draft-tokens 4] \
         [--typical 1,0.3,0.09] [--modulated 0.5,0.8,0.95] [--limit N] [--threads 1]
 
 Prompts: jsonl records {"prompt", "workload", "reference" (optional)}; by default the
-translation and summarisation sets of benchmarks/prompts/fidelity (scripts/make_fidelity_prompts.py),
+translation and summarisation sets of benchmarks/prompts/fidelity (benchmarks/prompts/make_fidelity_prompts.py),
 whose answers are one line, so references are scored against each output's first line.
 
 Writes into DIR: fidelity.json (every figure per workload and overall, each prompt's outputs,
@@ -31,7 +31,7 @@ from draftsmith.decoding.lossy import build_verifier
 from draftsmith.evaluation.fidelity import Decoded, fidelity, format_table, plot_tradeoff
 from draftsmith.zoo import load_model
 
-PROMPTS = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts" / "fidelity"
+PROMPTS = Path(__file__).resolve().parents[1] / "prompts" / "fidelity"
 DEFAULT_PROMPTS = [PROMPTS / "translation.jsonl", PROMPTS / "summarisation.jsonl"]
 
 

@@ -2,7 +2,7 @@
 (`draftsmith.core.small_rows`), on a ring
 of distinct weights (about 250 MB, so each is read from memory, as in a forward), fastest of 5.
 
-    python scripts/linear_ring_bench.py [THREADS]
+    python benchmarks/kernels/linear_ring_bench.py [THREADS]
 """
 
 import sys

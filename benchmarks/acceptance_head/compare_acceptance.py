@@ -4,7 +4,7 @@ fitted one is cross-fitted by source as `draftsmith calibrate` does. Reports AUR
 ECE (with 95% intervals from a bootstrap over documents), Brier and NLL, overall and per
 workload:
 
-    python scripts/compare_acceptance.py --records code=ART_A/calibration/records.parquet \
+    python benchmarks/acceptance_head/compare_acceptance.py --records code=ART_A/calibration/records.parquet \
         --records chat=ART_B/calibration/records.parquet [--folds 5] [--json OUT]
 
 Records come from `draftsmith calibrate` (greedy, teacher-forced by default) on an artifact with a

@@ -3,7 +3,7 @@ by plain `generate` (on draftsmith's linear layers, `draftsmith.core.small_rows`
 policy, back to back on the same loaded models, so machine noise hits them alike; speed is
 reported as ratios to plain and to the first policy.
 
-    python scripts/compare_policies.py --target NAME --drafter SPEC --prompts FILE.jsonl \
+    python benchmarks/policies/compare_policies.py --target NAME --drafter SPEC --prompts FILE.jsonl \
         [--dtype float32] [--max-new-tokens 128] [--temperature 1 --top-p 0.9] \
         --policy fixed:max_draft_tokens=4 --policy cost-aware \
         --policy cost-aware:tree=auto --policy fixed:tree=8,6,48 --policy cost-aware:raw=1 \

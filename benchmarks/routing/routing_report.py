@@ -3,7 +3,7 @@ benchmark (plain `generate`, then the router, back to back per prompt after a wa
 per workload the rounds and tokens each routed drafter served (and the rounds the draft policy
 decoded plainly), tokens/s against plain, and identity with plain greedy output.
 
-    python scripts/routing_report.py --target smollm2-135m \
+    python benchmarks/routing/routing_report.py --target smollm2-135m \
         --drafter route:artifact:runs/exp11/mix/drafter+ngram \
         --prompts benchmarks/prompts/routing.jsonl [--dtype float32] [--max-new-tokens 96] \
         [--json OUT.json]

@@ -1,6 +1,6 @@
 """Training throughput of every head kind, with the target online and from a feature cache.
 
-    python scripts/train_throughput.py --json benchmarks/smollm2-135m_train_throughput.json
+    python benchmarks/training/train_throughput.py --json benchmarks/smollm2-135m_train_throughput.json
 
 Each recipe of `recipes/<target>/` trains `--steps` optimizer steps under `accelerate launch`
 (two processes by default), first with the frozen target in the loop, then from a feature cache
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("eagle3", "eagle", "mtp", "medusa", "draft-model")
 
 

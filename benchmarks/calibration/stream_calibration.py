@@ -2,7 +2,7 @@
 and online recalibration (`draftsmith.decoding.online.OnlineAcceptance`) predict what the target
 accepts while decoding prompts of other workloads.
 
-    python scripts/stream_calibration.py --target NAME --drafter artifact:DIR \
+    python benchmarks/calibration/stream_calibration.py --target NAME --drafter artifact:DIR \
         --prompts A.jsonl [B.jsonl ...] [--dtype float32] [--max-new-tokens 96] \
         [--draft-tokens 4] [--prior-strength S] [--forgetting F] [--burn-in 50] \
         [--sweep] [--json OUT.json]

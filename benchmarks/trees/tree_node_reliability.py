@@ -1,6 +1,6 @@
 """How well a draft tree's node values predict what the target accepts given its parent was:
 
-    python scripts/tree_node_reliability.py --target NAME --drafter artifact:DIR \
+    python benchmarks/trees/tree_node_reliability.py --target NAME --drafter artifact:DIR \
         --prompts FILE.jsonl [--tree 8x3x24] [--max-new-tokens 64] [--temperature 1] \
         [--json OUT.json]
 
