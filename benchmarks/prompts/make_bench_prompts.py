@@ -26,7 +26,6 @@ import argparse
 import ast
 import gzip
 import hashlib
-import json
 import subprocess
 import sys
 import textwrap
@@ -44,6 +43,7 @@ from draftsmith.data.corpora import (
     stdlib_root,
 )
 from draftsmith.data.documents import HELDOUT_FRACTION, document_split, stdlib_split
+from draftsmith.evaluation.prompts import write_prompt_file
 from draftsmith.zoo import fetch_model
 
 OUT = Path(__file__).resolve().parents[2] / "draftsmith" / "evaluation" / "bench_prompts.jsonl"
@@ -221,7 +221,6 @@ def main() -> None:
 
     n_tokens = token_counter(TOKENIZER)
     records = build(n_tokens)
-    content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     for r in records:
         print(f"{r['workload']:<6} {n_tokens(r['prompt']):>4} tokens  {r['source']}")
     for workload in ("code", "chat", "prose"):
@@ -230,15 +229,7 @@ def main() -> None:
             f"{workload}: {len(counts)} prompts, {sum(counts)} tokens "
             f"({min(counts)}-{max(counts)} each)"
         )
-    if args.check:
-        same = args.out.exists() and args.out.read_text(encoding="utf-8") == content
-        print(f"{args.out} is {'up to date' if same else 'OUT OF DATE'}")
-        sys.exit(0 if same else 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_suffix(".partial")
-    partial.write_text(content, encoding="utf-8")
-    partial.replace(args.out)
-    print(f"wrote {len(records)} prompts to {args.out}")
+    sys.exit(0 if write_prompt_file(records, args.out, check=args.check) else 1)
 
 
 if __name__ == "__main__":

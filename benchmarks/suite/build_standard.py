@@ -36,7 +36,6 @@ import argparse
 import ast
 import gzip
 import hashlib
-import json
 import random
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from draftsmith.data.corpora import (
     stdlib_files,
     stdlib_root,
 )
+from draftsmith.evaluation.prompts import write_prompt_file
 from draftsmith.evaluation.suite import SUITE_WORKLOADS, recipe_sources, shared_ngrams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -420,17 +420,9 @@ def main() -> None:
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     records = build(args.cache)
-    content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     for workload in SUITE_WORKLOADS:
         print(f"{workload}: {sum(r['workload'] == workload for r in records)} prompts")
-    if args.check:
-        same = args.out.exists() and args.out.read_text(encoding="utf-8") == content
-        print(f"{args.out} is {'up to date' if same else 'OUT OF DATE'}")
-        sys.exit(0 if same else 1)
-    partial = args.out.with_suffix(".partial")
-    partial.write_text(content, encoding="utf-8")
-    partial.replace(args.out)
-    print(f"wrote {len(records)} prompts to {args.out}")
+    sys.exit(0 if write_prompt_file(records, args.out, check=args.check) else 1)
 
 
 if __name__ == "__main__":

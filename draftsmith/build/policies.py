@@ -75,7 +75,8 @@ def split_policy_spec(spec: str) -> tuple[str, str | None, list[str]]:
     trees = [pair.removeprefix("tree=") for pair in pairs if pair.startswith("tree=")]
     if len(trees) > 1:
         raise ValueError(f"policy spec {spec!r} gives tree= twice: give it once")
-    parse_tree(trees[0]) if trees else None  # a bad tree fails here, naming its forms
+    if trees:
+        parse_tree(trees[0])  # a bad tree fails here, naming its forms
     return name, (trees[0] if trees else None), [p for p in pairs if not p.startswith("tree=")]
 
 

@@ -37,3 +37,19 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     if not records:
         raise ValueError(f"prompt file {path} holds no prompts")
     return records[:limit] if limit else records
+
+
+def write_prompt_file(records: list[dict], path: Path, *, check: bool = False) -> bool:
+    """Write `records` as a jsonl prompt file in one rename (never half-written), or with `check`
+    only compare them with the file there; whether the file holds them afterwards."""
+    content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if check:
+        same = path.exists() and path.read_text(encoding="utf-8") == content
+        print(f"{path} is {'up to date' if same else 'OUT OF DATE'}")
+        return same
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(content, encoding="utf-8")
+    partial.replace(path)
+    print(f"wrote {len(records)} prompts to {path}")
+    return True
