@@ -12,11 +12,9 @@ math reasoning, question answering over a passage in the prompt), 12 prompts eac
 ``benchmarks/suite/build_standard.py`` from text that installs offline and that no recipe trains or
 calibrates on: the suite measures drafting on text the drafter has not seen.
 
-Tokens per prompt: `SUITE_MAX_NEW_TOKENS` = 48. The budget is the main job's EAGLE-3 head for
-SmolLM2-135M on a 2-core CPU in float32, where plain decoding runs at 20-30 tokens/s: 72 prompts x
-3 repeats x (plain + draftsmith) x 48 tokens is about 20,700 decoded tokens, some 12 minutes at
-~25 tokens/s for plain and faster for draftsmith, which leaves room inside the 20 minutes the
-whole suite may take there for the warm-up, prefills and the divergence judge. A drafter with a
+Tokens per prompt: `SUITE_MAX_NEW_TOKENS` = 48, so that the main job's EAGLE-3 head for
+SmolLM2-135M fits the 20 minutes the whole suite may take on a 2-core CPU: 72 prompts x 3
+repeats x (plain + draftsmith) x 48 tokens is about 20,700 decoded tokens. A drafter with a
 Hugging Face counterpart adds assisted generation, a third method (half as much time again).
 
 Chat-style records (a list of turns) go through the target's chat template; a tokenizer without
