@@ -1,7 +1,7 @@
 """Drafters: the modules that propose tokens for a target, behind one `Drafter` interface.
 
 Importing this package registers every built-in kind: the draft-model and n-gram drafters and
-the trainable heads (medusa, mtp, eagle, eagle3, distilled), each with its typed config."""
+the trainable heads (medusa, mtp, eagle, eagle3, peagle, distilled), each with its typed config."""
 
 from draftsmith.heads.base import (
     AcceptanceFn,
@@ -21,6 +21,7 @@ from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.heads.medusa import MedusaConfig, MedusaHead
 from draftsmith.heads.mtp import MTPConfig, MTPHead
 from draftsmith.heads.ngram import NgramDrafter
+from draftsmith.heads.peagle import PEagleConfig, PEagleHead
 from draftsmith.heads.trainable import (
     DraftHead,
     HeadConfig,
@@ -52,6 +53,8 @@ __all__ = [
     "MedusaConfig",
     "MedusaHead",
     "NgramDrafter",
+    "PEagleConfig",
+    "PEagleHead",
     "StepsConfig",
     "StopFn",
     "TreeShape",

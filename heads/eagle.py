@@ -8,7 +8,9 @@ same machinery (`FeatureRecurrentHead`, `FeatureDrafter`) runs EAGLE-3 (`eagle3.
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -246,19 +248,25 @@ class FeatureDrafter(Drafter):
         self._newest = None
 
     def fork(self) -> FeatureDrafter:
-        fork = FeatureDrafter(self.head, self.vocab_size, self._int4_asked)
+        fork = type(self)(self.head, self.vocab_size, self._int4_asked)
         fork.expose_states(self._states_hook)
         self._forks.append(fork)
         return fork
 
-    @torch.inference_mode()
-    def draft(self, request: DraftRequest) -> Draft:
-        # Every head forward of the round, one-row chain steps included, on packed weights.
+    @contextlib.contextmanager
+    def packed_weights(self) -> Iterator[None]:
+        """Within the block every head forward of a round, one-row chain steps included, runs
+        on packed weights (small-row and 4-bit where prepared)."""
         with (
             small_rows(self.head),
             int4_rows.int4_rows(self.head, self.int4),
             int4_rows.int4_rows(self._lm_head, self._lm_head is not None),
         ):
+            yield
+
+    @torch.inference_mode()
+    def draft(self, request: DraftRequest) -> Draft:
+        with self.packed_weights():
             hidden = self._catch_up()
             committed_rows = len(self._own)
             if request.shape.is_chain:

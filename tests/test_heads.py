@@ -90,8 +90,9 @@ def test_head_configs_name_bad_keys_and_values():
     assert head_config("medusa", {"num_steps": 3}) == MedusaConfig(num_steps=3)
 
 
-# Which inputs step k at row t reads at the latest: the token at t + k (None: no tokens) and the
-# target feature at t + offset (None: no features).
+# Which inputs step k at row t reads at the latest: the token at t + k (None: no tokens; "t": the
+# token at t, a block head's steps all reading the newest committed token alone) and the target
+# feature at t + offset (None: no features).
 READS = {
     "medusa": (None, 0),
     "medusa-reduced": (None, 0),
@@ -100,6 +101,8 @@ READS = {
     "eagle": (0, -1),
     "eagle3": (0, -1),
     "eagle3-reduced": (0, -1),
+    "peagle": ("t", -1),
+    "peagle-reduced": ("t", -1),
     "distilled": (0, None),
     "distilled-lora": (0, None),
 }
@@ -108,9 +111,9 @@ READS = {
 @pytest.mark.parametrize("name", HEADS)
 def test_step_k_at_t_reads_nothing_past_what_drafting_has(name, llama):
     """Causality and the alignment convention: step k at row t (predicting token t + 1 + k) sees
-    tokens up to t + k and target features up to t - 1 (features lag the tokens: drafting never
-    has the newest token's feature), or up to t for Medusa, whose head k predicts from the
-    feature of t itself. Changing the latest input it may read changes it (the test can fail)."""
+    tokens up to t + k (up to t for a block head, P-EAGLE, whose steps read no drafted token)
+    and target features up to t - 1 (features lag the tokens: drafting never has the newest
+    token's feature), or up to t for Medusa, whose head k predicts from the feature of t itself. Changing the latest input it may read changes it (the test can fail)."""
     head = build_head(name, llama)
     gen = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, 256, (1, 10), generator=gen)
@@ -128,9 +131,15 @@ def test_step_k_at_t_reads_nothing_past_what_drafting_has(name, llama):
         changed = head.forward_train(TargetBatch(later_ids, batch.loss_mask, features, None))
         torch.testing.assert_close(changed[k][:, : t + 1], base[k][:, : t + 1])
 
-        if token_offset is not None:
+        if token_offset == "t":  # nothing drafted is read: the tokens after t change nothing
             ids = input_ids.clone()
-            ids[:, t + k] = (ids[:, t + k] + 1) % 256
+            ids[:, t + 1 :] = (ids[:, t + 1 :] + 1) % 256
+            unmoved = head.forward_train(TargetBatch(ids, batch.loss_mask, batch.features, None))
+            torch.testing.assert_close(unmoved[k][:, t], base[k][:, t])
+        if token_offset is not None:
+            latest = t if token_offset == "t" else t + k
+            ids = input_ids.clone()
+            ids[:, latest] = (ids[:, latest] + 1) % 256
             moved = head.forward_train(TargetBatch(ids, batch.loss_mask, batch.features, None))
             assert not torch.allclose(moved[k][:, t], base[k][:, t])
         if feature_offset is not None:
@@ -341,7 +350,7 @@ def _assert_rows_equal(cache, fresh, rows: int) -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["eagle", "eagle3", "mtp", "distilled"])
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "peagle", "mtp", "distilled"])
 def test_own_cache_after_decoding_equals_a_fresh_prefill(name, trained):
     """After rounds with rejections, the rows a drafter kept are exactly what a fresh drafter
     computes from the committed tokens and the target's features."""
@@ -389,8 +398,9 @@ def test_stop_callback_and_draft_caps(name, llama):
     whole = confidence_signals(draft.logits)
     for name in ("top1_prob", "margin", "entropy"):
         torch.testing.assert_close(read[name], whole[name])
-    cap = {"medusa": head.num_steps - 1, "mtp": head.num_steps}.get(head.kind, 6)  # K - 1 Medusa
-    # heads after head 0, K MTP modules
+    # K - 1 Medusa heads after head 0, K MTP modules, a block of K for P-EAGLE
+    cap = {"medusa": head.num_steps - 1, "mtp": head.num_steps, "peagle": head.num_steps}
+    cap = cap.get(head.kind, 6)
     assert len(drafter.propose(6, SamplingParams())) == cap
     assert len(drafter.propose(0, SamplingParams())) == 0
 
@@ -439,7 +449,9 @@ def test_shared_lm_head_heads_score_the_draft_vocabulary_rows(name, llama):
         torch.testing.assert_close(got, expected[..., :REDUCED_VOCAB])
 
 
-@pytest.mark.parametrize("name", ["eagle3-reduced", "medusa-reduced", "mtp-reduced"])
+@pytest.mark.parametrize(
+    "name", ["eagle3-reduced", "peagle-reduced", "medusa-reduced", "mtp-reduced"]
+)
 def test_reduced_vocab_puts_q_on_the_target_vocabulary(name, trained):
     target, head = trained(name)
     d2t = head.draft_to_target()

@@ -394,11 +394,12 @@ def test_unknown_head_kind_is_a_clear_error(tmp_path, corpus, target, tokenizer)
 
 TRAINABLE = [
     kind
-    for kind in ("medusa", "mtp", "eagle", "eagle3", "distilled")
+    for kind in ("medusa", "mtp", "eagle", "eagle3", "peagle", "distilled")
     if issubclass(drafter_class(kind), DraftHead)
 ]
 HEAD_ARGS = {
     "eagle3": {"draft_vocab_size": 64, "num_steps": 2},
+    "peagle": {"draft_vocab_size": 64, "num_steps": 3},
     "medusa": {"num_steps": 2},
     "distilled": {"layers": [0]},
 }
@@ -416,6 +417,18 @@ def test_every_real_head_kind_trains_and_exports(kind, tmp_path, corpus, target,
     assert len(result.metrics["top1"]) >= 1
     drafter = load_drafter(result.artifact, target)
     assert drafter.vocab_size == target.config.vocab_size
+
+
+def test_a_few_steps_of_a_peagle_head_lower_its_loss(tmp_path, corpus, target, tokenizer):
+    """The block objective trains: the loss over every depth falls, and every depth (the
+    newest token's row, then its mask rows) agrees with the target somewhere held out."""
+    out = tmp_path / "peagle"
+    head_args = {"num_steps": 3, "draft_vocab_size": 64}
+    raw = recipe(corpus, out, head="peagle", head_args=head_args, max_steps=16, lr=3e-3)
+    result = train(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
+    losses = [r["loss"] for r in metrics(out, "train")]
+    assert sum(losses[-3:]) < 0.85 * sum(losses[:3])
+    assert len(result.metrics["top1"]) == 3 and min(result.metrics["top1"]) > 0
 
 
 def test_the_head_is_fitted_to_the_leading_training_rows_once(

@@ -417,7 +417,9 @@ def test_draft_model_cache_after_a_tree_round_equals_a_fresh_prefill(llama):
         torch.testing.assert_close(kept.values, ref.values, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["medusa", "mtp", "eagle", "eagle3", "draft-model", "ngram"])
+@pytest.mark.parametrize(
+    "name", ["medusa", "mtp", "eagle", "eagle3", "peagle", "draft-model", "ngram"]
+)
 def test_every_drafter_kind_branches(name, llama):
     if name == "draft-model":
         drafter = DraftModelDrafter(perturbed_copy(llama, scale=0.3))
@@ -432,7 +434,7 @@ def test_every_drafter_kind_branches(name, llama):
     assert int(draft.depths.max()) < len(draft) <= TREE.max_tokens  # branches, within budget
 
 
-@pytest.mark.parametrize("name", ["medusa", "mtp", "eagle", "eagle3", "draft-model"])
+@pytest.mark.parametrize("name", ["medusa", "mtp", "eagle", "eagle3", "peagle", "draft-model"])
 def test_every_drafter_kind_samples_its_tree(name, llama):
     """At temperature 1 each node carries the q it was drawn from (its elder siblings' tokens
     taken out), and the decoder runs sampled trees round after round."""
