@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +16,13 @@ from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import prepack, small_rows
 from draftsmith.core.tree import chain_parents
 from draftsmith.decoding.policies import CostAwarePolicy, DraftPolicy, RequestSize, RoundOutcome
-from draftsmith.decoding.results import GenerationResult, GenerationStats, RoundHook, RoundRecord
+from draftsmith.decoding.results import (
+    CommitHook,
+    GenerationResult,
+    GenerationStats,
+    RoundHook,
+    RoundRecord,
+)
 from draftsmith.decoding.verify import LosslessVerifier, Verifier
 from draftsmith.heads.base import Draft, Drafter, DraftRequest, RowDrafters, raw_acceptance
 
@@ -40,10 +46,12 @@ class SpeculativeDecoder:
         policy: DraftPolicy | None = None,
         verifier: Verifier | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        eos_tokens: Iterable[int] | None = None,
     ) -> None:
         """clock: seconds, read to time each round for the policy and each output's stats (a
         fake one, given to the policy too, makes what the policy decides deterministic in
-        tests); the default policy shares it."""
+        tests); the default policy shares it. eos_tokens: the token ids that end a generation
+        (None: those of the target's generation config)."""
         self.target = target.eval()
         self.drafter = drafter
         self.tokenizer = tokenizer
@@ -59,7 +67,7 @@ class SpeculativeDecoder:
                 f"{self.vocab_size}: a drafter must share the target's tokenizer and vocabulary "
                 "(use a draft model from the same family, or train a head on this target)"
             )
-        self.eos_token_ids = eos_token_ids(target)
+        self.eos_token_ids = eos_token_ids(target) if eos_tokens is None else set(eos_tokens)
         self._forks: list[Drafter] = []
         prepack(target)  # not in the first round, which the policy times
 
@@ -71,7 +79,7 @@ class SpeculativeDecoder:
     ) -> GenerationResult:
         """Generate up to max_new_tokens after the prompt (a string needs a tokenizer):
         `generate_batch` of one prompt, with its options (temperature, top_k, top_p, seed,
-        stop_strings, on_round)."""
+        stop_strings, on_round, on_commit)."""
         return self.generate_batch([prompt_or_ids], max_new_tokens, **options)[0]
 
     @torch.inference_mode()
@@ -85,10 +93,13 @@ class SpeculativeDecoder:
         seed: int | None = None,
         stop_strings: Sequence[str] | None = None,
         on_round: RoundHook | None = None,
+        on_commit: CommitHook | None = None,
     ) -> list[GenerationResult]:
         """Generate up to max_new_tokens after each prompt, all rows verified in one target
         forward per round; one result per prompt, in order. A string prompt needs a tokenizer;
-        on_round, if given, is called after every verification with a `RoundRecord`.
+        on_round, if given, is called after every verification with a `RoundRecord`; on_commit,
+        if given, with each row's index and the tokens it committed that round, once they are
+        final (cut at an EOS token, a stop string or max_new_tokens): a stream of the output.
 
         Each row drafts with its own drafter (`Drafter.fork` of this decoder's, or one forward
         for every row's chain where the kind can: `Drafter.chain_batch`) and accepts its own
@@ -118,7 +129,7 @@ class SpeculativeDecoder:
         # One block of draftsmith's linear layers for the whole generation: finding the layers
         # to swap again for every forward would cost each round time a plain step does not pay.
         with small_rows(self.target):
-            self._rounds(rows, ids, max_new_tokens, sampling, stop_strings, on_round)
+            self._rounds(rows, ids, max_new_tokens, sampling, stop_strings, on_round, on_commit)
         return [self._result(row) for row in rows]
 
     def _rounds(
@@ -129,6 +140,7 @@ class SpeculativeDecoder:
         sampling: SamplingParams,
         stop_strings: Sequence[str] | None,
         on_round: RoundHook | None,
+        on_commit: CommitHook | None,
     ) -> None:
         """Prefill the prompts ids, then draft and verify round after round until every row
         finished."""
@@ -158,6 +170,10 @@ class SpeculativeDecoder:
                 for b, row in enumerate(active)
                 if not row.finish(max_new_tokens, started, self.clock)
             ]
+            if on_commit is not None:
+                for row in active:
+                    on_commit(row.index, row.generated[row.streamed :])
+                    row.streamed = len(row.generated)
             if len(still) < len(active):
                 active = [active[b] for b in still]
                 if active:
@@ -300,6 +316,8 @@ class _Row:
     """The prompt's and the output's n-grams, for the drafts' `context_match` signal."""
     generated: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
+    streamed: int = 0
+    """Output tokens handed to the commit hook so far."""
     end: int | None = None
     """Where an EOS token or stop string cut the output, once one appeared."""
 

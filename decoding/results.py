@@ -77,6 +77,10 @@ class RoundRecord:
 
 RoundHook = Callable[[RoundRecord], None]
 
+CommitHook = Callable[[int, list[int]], None]
+"""on_commit(row, tokens): the tokens row `row` (its prompt's index in the batch) committed in a
+round, final (after any cut), in order; every output token is handed over once."""
+
 
 @dataclass
 class GenerationResult:

@@ -18,6 +18,7 @@ _EXPORTS = {
     "build_policy": "draftsmith.decoding",
     "build_drafter": "draftsmith.build",
     "policy_from_spec": "draftsmith.build",
+    "speculative_generate": "draftsmith.build",
     "Benchmark": "draftsmith.evaluation.benchmark",
     "Drafter": "draftsmith.heads",
     "fetch_model": "draftsmith.zoo",

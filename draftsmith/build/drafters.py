@@ -82,14 +82,21 @@ def check_spec(spec: str) -> None:
 
 
 def build_drafter(
-    spec: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: str = "auto"
+    spec: str,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    dtype: str = "auto",
 ) -> BuiltDrafter:
+    """The drafter of `spec` for `target`. tokenizer: the target's, which a draft model's must
+    equal token for token (None: only the vocabulary sizes are compared, by the decoder)."""
     kind, arg = parse_spec(spec)
     if kind == "route":
         return _build_route(spec, target, tokenizer, dtype)
     if kind == "draft-model":
         model, draft_tokenizer = load_model(arg, dtype=dtype, device=str(target.device))
-        check_same_vocabulary(tokenizer, draft_tokenizer, arg)
+        if tokenizer is not None:
+            check_same_vocabulary(tokenizer, draft_tokenizer, arg)
         return BuiltDrafter(DraftModelDrafter(model), {"assistant_model": model})
     if kind == "artifact":
         # No Hugging Face counterpart: the benchmark skips assisted generation.
@@ -102,7 +109,7 @@ def build_drafter(
 
 
 def _build_route(
-    spec: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: str
+    spec: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, dtype: str
 ) -> BuiltDrafter:
     """A `RoutingDrafter` over the route's drafters, named by their specs. No Hugging Face
     counterpart; the acceptance model is the one calibrated part's (the policy applies it to
