@@ -27,7 +27,7 @@ from draftsmith.decoding.policies import (
     cost_model,
 )
 from draftsmith.decoding.profile import CostCurve
-from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
+from draftsmith.heads import Draft, DraftModelDrafter, TreeShape, build_head
 from draftsmith.heads.base import raw_acceptance
 from draftsmith.heads.tree import DynamicTree
 
@@ -913,3 +913,45 @@ def test_a_sampled_sibling_that_does_not_pay_cuts_its_younger_siblings_not_the_c
     kept = policy.trim(draft)
     assert kept.tokens.tolist() == [5, 8]
     assert kept.parents.tolist() == [-1, 0]
+
+
+class ForwardClock:
+    """Seconds that pass in forwards alone: `tick` s in each forward of a module it is hooked
+    on (`on`), none between, so a round's timing counts its forwards."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def on(self, module: torch.nn.Module, tick: float = 1.0):
+        def forward(*_):
+            self.now += tick
+
+        return module.register_forward_hook(forward)
+
+
+@pytest.mark.parametrize(
+    ("kind", "per_token_s", "four_tokens_s"), [("peagle", 0.0, 1.0), ("eagle3", 1.0, 4.0)]
+)
+def test_the_cost_model_prices_a_drafter_by_its_forwards(kind, per_token_s, four_tokens_s):
+    """A block drafter's round is one head forward, however many tokens it drafts: on a clock
+    that moves 1 s in each head (and target) forward, the cost-aware policy fits P-EAGLE's
+    drafting at 1 s a round and nothing a token, EAGLE-3's (a forward a token: the catching up
+    on the committed tokens drafts the first) at 1 s a token."""
+    target = tiny_model("llama", seed=0)
+    head = build_head(kind, target, {"num_steps": 4})
+    clock = ForwardClock()
+    clock.on(target)
+    clock.on(head.midlayer)
+    policy = CostAwarePolicy(
+        clock=clock, max_draft_tokens=4, cost=_curve([1.0] * 6), patience=1e9, recalibrate=False
+    )
+    decoder = SpeculativeDecoder(target, head.as_drafter(target), policy=policy, clock=clock)
+    prompt = torch.tensor([4, 8, 15, 16, 23])
+    result = decoder.generate(prompt, 24)
+    assert result.tokens == greedy_reference(target, prompt, 24)
+    drafting = policy._costs.drafting
+    assert drafting.per_step == pytest.approx(per_token_s, abs=0.05)
+    assert drafting.seconds(4) == pytest.approx(four_tokens_s, abs=0.3)

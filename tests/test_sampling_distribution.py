@@ -18,7 +18,7 @@ from draftsmith import CostAwarePolicy, FixedPolicy, SpeculativeDecoder
 from draftsmith.core.sampling import SamplingParams, probabilities, sample
 from draftsmith.decoding import verify_sampling
 from draftsmith.decoding.profile import CostCurve
-from draftsmith.heads import Draft, DraftModelDrafter, TreeShape
+from draftsmith.heads import Draft, DraftModelDrafter, TreeShape, build_head
 
 V = 6
 N = 12_000
@@ -163,6 +163,41 @@ def test_three_token_sequences_follow_the_target(name, drafter_kind):
         accepted += result.stats.accepted
     assert 0 < accepted < drafted  # both branches of the rejection rule were exercised
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
+
+
+def _model_sequence_distribution(model, params: SamplingParams, first: int, length: int):
+    """Exact probability of each continuation of `length` tokens under a (tiny) causal LM."""
+    vocab = model.config.vocab_size
+    probs = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=length):
+            logits = model(torch.tensor([[first, *seq[:-1]]])).logits[0].float()
+            step = probabilities(logits, params)
+            probs[seq] = float(torch.prod(step[torch.arange(length), torch.tensor(seq)]))
+    return probs
+
+
+@pytest.mark.parametrize(
+    "tree", [None, TreeShape(top_k=2, depth=3, total_tokens=5)], ids=["chain", "tree"]
+)
+def test_a_block_drafters_sequences_follow_the_target(tree):
+    """P-EAGLE drafts a block's tokens from distributions that ignore the tokens drafted before
+    them: verified by the rejection rule, the output still follows the target."""
+    target = tiny_model("llama", seed=4, vocab_size=4)
+    head = build_head("peagle", target, {"num_steps": 3})
+    with torch.no_grad():  # a head whose drafts the target sometimes takes, sometimes not
+        head.lm_head.weight.mul_(40.0)
+    policy = FixedPolicy(max_draft_tokens=3) if tree is None else FixedPolicy(tree=tree)
+    decoder = SpeculativeDecoder(target, head.as_drafter(target), policy=policy)
+    counts, drafted, accepted, n = Counter(), 0, 0, 1200
+    for seed in range(n):
+        result = decoder.generate([0], max_new_tokens=3, temperature=1.0, seed=seed)
+        counts[tuple(result.tokens)] += 1
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+    assert 0 < accepted < drafted
+    exact = _model_sequence_distribution(target, SamplingParams(temperature=1.0), 0, 3)
+    assert _sequence_fits(counts, exact, n)
 
 
 # -- trees ---------------------------------------------------------------------------------------
