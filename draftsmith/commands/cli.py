@@ -20,6 +20,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "bench:BenchCommand",
         "plain vs Hugging Face assisted vs draftsmith, side by side",
     ),
+    "generate": (
+        "generate:GenerateCommand",
+        'decode one prompt with a drafter, streaming it: --target NAME --drafter SPEC "PROMPT" '
+        "[--html OUT.html: a per-token view]",
+    ),
     "train": (
         "train:TrainCommand",
         "train a drafter head in this process: RECIPE.yaml [key=value ...] (--help: all keys)",

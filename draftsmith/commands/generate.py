@@ -1,0 +1,124 @@
+"""``draftsmith generate``: one prompt decoded speculatively, streamed to the terminal as rounds
+commit it, with its figures and, on request, a per-token HTML view of what the drafter did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from draftsmith.build.flags import POSITIONAL, Range, at_least, between
+from draftsmith.core.models import Dtype
+from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
+
+
+@dataclass(kw_only=True)
+class GenerateCommand:
+    """Generate after a prompt with a drafter, printing the text as each round commits it, then
+    tokens/s, the mean accepted length and an estimated speedup over plain decoding. --html
+    writes a page of the output with each token coloured by how it was produced (accepted draft
+    token and its draft position, the target's correction or bonus token, plain step) and the
+    drafter's confidence on hover."""
+
+    FLAG_RANGES: ClassVar[dict[str, Range]] = {
+        "max_new_tokens": at_least(1),
+        "temperature": at_least(0),
+        "top_p": between(0, 1, low_open=True),
+        "top_k": at_least(1),
+        "seed": at_least(0),
+    }
+
+    prompt: str = field(metadata=POSITIONAL)
+    """The prompt text (quoted)."""
+    target: str
+    """Zoo name, local folder or hub id of the target model."""
+    drafter: str
+    """The drafter: draft-model:NAME_OR_PATH, ngram[:MAX_N], artifact:PATH, or route:SPEC+SPEC
+    (a router picking one of several, e.g. route:artifact:PATH+ngram)."""
+    chat: bool = False
+    """Send the prompt as a user turn through the target's chat template (ending where the
+    assistant answers)."""
+    max_new_tokens: int = 128
+    """Most tokens generated after the prompt (fewer where an EOS token comes first)."""
+    temperature: float = 0.0
+    """Sampling temperature; 0 is greedy."""
+    top_p: float | None = None
+    """Sample from the smallest set of tokens holding this probability (with --temperature)."""
+    top_k: int | None = None
+    """Sample from the k most likely tokens (with --temperature)."""
+    seed: int = 0
+    """Seeds sampling."""
+    dtype: Dtype = "auto"
+    """Precision of the target and draft model (auto: bfloat16 on a GPU and on a CPU with bf16
+    matrix units, AMX or AVX512-BF16; float32 elsewhere)."""
+    policy: str = DEFAULT_POLICY
+    """How much to draft each round, as for `draftsmith bench`: cost-aware (the target's measured
+    verification cost against the drafter's calibrated acceptance), fixed, threshold, cm-asd,
+    specdec++ or adaedl."""
+    html: Path | None = None
+    """Also write the per-token view here (a self-contained HTML page)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown --policy {self.policy!r}: choose one of {sorted(POLICIES)}")
+
+    def run(self) -> dict:
+        import time
+
+        import torch
+        from transformers import TextStreamer
+
+        from draftsmith.build import AUTO_TREE, build_drafter, check_spec, cost_curve
+        from draftsmith.build.policies import policy_from_spec
+        from draftsmith.decoding import SpeculativeDecoder
+        from draftsmith.evaluation.suite import render_prompt
+        from draftsmith.evaluation.token_view import RoundLog, summary_line, write_token_view
+        from draftsmith.zoo import load_model
+
+        check_spec(self.drafter)  # a bad drafter fails before the target loads
+        target, tokenizer = load_model(self.target, dtype=self.dtype)
+        built = build_drafter(self.drafter, target, tokenizer, dtype=self.dtype)
+        policy = policy_from_spec(
+            self.policy, acceptance=built.acceptance, target=target, target_name=self.target
+        )
+        decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
+        turn = {"prompt": [{"role": "user", "content": self.prompt}]}
+        prompt = render_prompt(turn, tokenizer) if self.chat else self.prompt
+        log = RoundLog(built.acceptance) if self.html else None
+        streamer = TextStreamer(tokenizer, skip_special_tokens=True)
+        commits: list[tuple[float, int]] = []  # (when, how many tokens) of each round
+
+        def commit(_: int, tokens: list[int]) -> None:
+            streamer.put(torch.tensor(tokens))
+            commits.append((time.perf_counter(), len(tokens)))
+
+        result = decoder.generate(
+            prompt,
+            self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            on_round=log,
+            on_commit=commit,
+        )
+        streamer.end()
+        # The same curve the cost-aware policy reads (measured here once for another policy).
+        curve = cost_curve(target, self.target, max_tokens=AUTO_TREE.max_tokens + 1)
+        later = sum(n for _, n in commits[1:])
+        summary = summary_line(
+            result.stats, curve.verify_cost(1), later, commits[-1][0] - commits[0][0]
+        )
+        print(summary)
+        if log is not None:
+            write_token_view(
+                self.html,
+                log.origins(result.tokens),
+                tokenizer,
+                prompt=prompt,
+                calibrated=log.calibrated,
+                heading=f"{self.target} with {self.drafter}",
+                summary=summary,
+            )
+            print(f"wrote {self.html}")
+        return {"tokens": result.tokens, "text": result.text, "stats": result.stats.to_dict()}
