@@ -1,7 +1,7 @@
 """The bootstrap interval on a speed ratio that `Benchmark` and benchmarks/policies/compare_policies.py share
 (it must hold the ratio the summed prompts give, and widen when the prompts disagree), the
-methods' rotating order, and the plain runs compare_policies.py and lockstep.py replay for the
-divergence judge."""
+methods' rotating order, and the plain runs compare_policies.py and `draftsmith bench --lockstep`
+replay for the divergence judge."""
 
 import argparse
 import functools
@@ -14,6 +14,7 @@ from conftest import tiny_model
 
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
+from draftsmith.evaluation.lockstep import PlainSteps, replay_plain_steps
 from draftsmith.evaluation.stats import rotated, speedup_interval
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "policies" / "compare_policies.py"
@@ -68,7 +69,7 @@ def _load(name: str):
     return module
 
 
-def test_the_scripts_replay_their_own_plain_run_for_the_divergence_judge(byte_tokenizer):
+def test_each_replays_its_own_plain_run_for_the_divergence_judge(byte_tokenizer):
     """compare_policies judges a divergence on plain `generate`'s own logits at the position,
     lockstep on its bare loop's: each replay must return what its plain run computed there (in
     bfloat16 no re-run of the prefix in another shape need match it), and the judge uses it as
@@ -76,7 +77,7 @@ def test_the_scripts_replay_their_own_plain_run_for_the_divergence_judge(byte_to
     target = tiny_model("llama", seed=0).to(torch.bfloat16)
     ids = byte_tokenizer("def add(a, b):", return_tensors="pt").input_ids[0]
     args = argparse.Namespace(temperature=0.0, top_p=None)
-    compare, lockstep = _load("compare_policies"), _load("lockstep")
+    compare = _load("compare_policies")
     out = compare._generate_plain(
         target, byte_tokenizer, ids, args, 6, output_logits=True, return_dict_in_generate=True
     )
@@ -85,18 +86,15 @@ def test_the_scripts_replay_their_own_plain_run_for_the_divergence_judge(byte_to
     generated = compare._replay_plain(target, byte_tokenizer, args, batch, 4)
     torch.testing.assert_close(generated, out.logits[4], atol=0, rtol=0)
 
-    steps = lockstep.PlainSteps(target, ids, SamplingParams(), seed=0)
-    for _ in range(6):
-        steps.step()
+    steps = PlainSteps(target, ids, SamplingParams(), 0, clock=lambda: 0.0)
+    steps.run_to(6)
     assert steps.tokens == plain
-    replayed = lockstep._replay_plain(target, batch, 4)
+    replayed = replay_plain_steps(target, batch, 4)
     assert replayed.shape == (1, out.logits[4].shape[-1])
     assert int(replayed.argmax()) == plain[4]
 
     ours = plain[:4] + [int(replayed.argmin())]
-    judged = DivergenceJudge(target, functools.partial(lockstep._replay_plain, target))(
-        0, batch, ours
-    )
+    judged = DivergenceJudge(target, functools.partial(replay_plain_steps, target))(0, batch, ours)
     assert judged["position"] == 4 and judged["explained"] is False
     pair = [plain[4], ours[4]]
     assert judged["run_gaps"][-1] == pytest.approx(

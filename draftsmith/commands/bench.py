@@ -1,5 +1,5 @@
-"""``draftsmith bench``: plain `generate`, Hugging Face assisted generation and draftsmith, side by
-side on the same loaded models."""
+"""``draftsmith bench``: plain `generate`, Hugging Face assisted generation and draftsmith (one
+draft policy or several), side by side on the same loaded models."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from draftsmith.build.flags import Range, at_least, between
 from draftsmith.build.placement import TargetPlacement
-from draftsmith.build.policies import AUTO_TREE, policy_from_spec
+from draftsmith.build.policies import AUTO_TREE, policy_from_spec, split_policy_spec
 from draftsmith.core.models import Dtype
 from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
 from draftsmith.evaluation.prompts import bundled_prompts
@@ -21,7 +21,8 @@ from draftsmith.evaluation.prompts import bundled_prompts
 class BenchCommand(TargetPlacement):
     """Benchmark a drafter against plain and Hugging Face assisted generation: every prompt runs
     all three back to back after a warm-up; speed is reported as ratios, with the mean accepted
-    length and every divergence from the target's plain greedy output."""
+    length and every divergence from the target's plain greedy output. Several --policy compare
+    draft policies in the same run, each a method of its own."""
 
     FLAG_RANGES: ClassVar[dict[str, Range]] = {
         "max_new_tokens": at_least(1),
@@ -65,13 +66,23 @@ class BenchCommand(TargetPlacement):
     """Precision of the target and draft model (auto:
     bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32
     elsewhere)."""
-    policy: str = DEFAULT_POLICY
+    policy: str | list[str] = DEFAULT_POLICY
     """How much to draft each round: cost-aware (maximise expected tokens per second under the
     target's measured verification cost, `draftsmith profile`, run here on first use, and fall
     back to plain decoding while speculation is slower), fixed, threshold (stop once the path's
-    acceptance falls below --min-path-confidence), cm-asd, specdec++ or adaedl."""
+    acceptance falls below --min-path-confidence), cm-asd, specdec++ or adaedl; a spec
+    NAME[:KEY=VALUE:...] gives the policy's options and tree=. Several (e.g. --policy cost-aware
+    fixed:max_draft_tokens=4 threshold) decode side by side in one run, each a method of its own
+    in the rotation and a row of its own per workload in the table and under "policies" in the
+    JSON."""
     policy_option: list[str] = field(default_factory=list)
-    """KEY=VALUE options of the policy (its fields, e.g. rejection_threshold=0.6 for specdec++)."""
+    """KEY=VALUE options of the policy (its fields, e.g. rejection_threshold=0.6 for specdec++);
+    with several --policy, give each its options in its spec instead."""
+    lockstep: bool = False
+    """Time each policy against plain decoding interleaved round by round within each request
+    (the target's one-token loop advanced after every speculative round to the tokens
+    speculation committed, each side timed apart), the policies rotating: a shared machine's
+    slow spells fall on both alike. Hugging Face assisted generation is not run; batch size 1."""
     draft_tokens: int = 8
     """Most tokens drafted per round."""
     verify: str = "lossless"
@@ -116,22 +127,25 @@ class BenchCommand(TargetPlacement):
             raise ValueError(
                 "--plot sweeps tree sizes at batch size 1: drop --plot or --batch-size"
             )
-        if self.min_path_confidence is not None:
-            if self.policy not in (DEFAULT_POLICY, "threshold"):
-                raise ValueError(
-                    f"--min-path-confidence sets the threshold policy; drop it or --policy "
-                    f"{self.policy}"
-                )
-            self.policy = "threshold"
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown --policy {self.policy!r}: choose one of {sorted(POLICIES)}")
-        if self.tree == "auto" and self.policy != DEFAULT_POLICY:
-            raise ValueError(f"--tree auto is the {DEFAULT_POLICY} policy's; drop --policy")
+        if self.batch_size > 1 and self.lockstep:
+            raise ValueError(
+                "--lockstep interleaves one request's rounds with plain decoding: drop "
+                "--lockstep or --batch-size"
+            )
+        self.policy = check_policies(self.policies, self.min_path_confidence, self.tree)
+        several = len(self.policies) > 1
+        if several and self.policy_option:
+            raise ValueError(
+                "--policy-option sets one policy's options: with several --policy, give each "
+                "its options in its spec, e.g. fixed:max_draft_tokens=4"
+            )
+        if several and self.plot:
+            raise ValueError("--plot sweeps one policy's tree sizes: give one --policy")
         if self.suite:
             from draftsmith.evaluation.suite import suite_path
 
             suite_path(self.suite)  # an unknown suite fails before any model loads
-        self.build_policy()  # checks the policy's options
+        self.build_policies()  # checks the policies' options
         from draftsmith.decoding.lossy import build_verifier
 
         build_verifier(self.verify, self.verify_threshold)
@@ -163,15 +177,18 @@ class BenchCommand(TargetPlacement):
         if records:
             prompts = bench_prompts(records, tokenizer)
         built = build_drafter(self.drafter, target, tokenizer, dtype=self.dtype)
-        policy = self.build_policy(target, built.acceptance)
+        policies = self.build_policies(target, built.acceptance)
         verifier = build_verifier(self.verify, self.verify_threshold)
-        decoder = SpeculativeDecoder(
-            target, built.drafter, tokenizer, policy=policy, verifier=verifier
-        )
+        decoders = {
+            spec: SpeculativeDecoder(
+                target, built.drafter, tokenizer, policy=policy, verifier=verifier
+            )
+            for spec, policy in policies.items()
+        }
         bench = Benchmark(
             target,
             tokenizer,
-            decoder,
+            decoders if len(decoders) > 1 else next(iter(decoders.values())),
             built.hf_assist,
             max_new_tokens=max_new_tokens,
             temperature=self.temperature,
@@ -180,6 +197,7 @@ class BenchCommand(TargetPlacement):
             seed=self.seed,
             batch_size=self.batch_size,
             repeats=repeats,
+            lockstep=self.lockstep,
         )
         command = " ".join(["draftsmith", *sys.argv[1:]])
         report = run_suite(bench, records, command) if records else bench.run(prompts)
@@ -194,7 +212,8 @@ class BenchCommand(TargetPlacement):
         if self.plot:
             from draftsmith.evaluation.sweep import tree_size_sweep
 
-            report["tree_sweep"] = tree_size_sweep(bench, prompts, policy.tree or AUTO_TREE)
+            tree = bench.decoder.policy.tree or AUTO_TREE
+            report["tree_sweep"] = tree_size_sweep(bench, prompts, tree)
         if is_main_process():  # under tensor parallel every process decoded alike: one reports
             self.write_report(report)
         return report
@@ -205,10 +224,13 @@ class BenchCommand(TargetPlacement):
         from draftsmith.evaluation.report import format_table
 
         print(format_table(report))
+        if "lockstep" in report:
+            print(f"lockstep: {report['lockstep']}")
         if "hf_assisted" in report:
             print(f"Hugging Face assisted generation: {report['hf_assisted']}")
-        for d in report["overall"]["divergences"]:
-            print(format_divergence(d))
+        for name, figures in report.get("policies", {"": report}).items():
+            for d in figures["overall"]["divergences"]:
+                print(f"{name}: {format_divergence(d)}" if name else format_divergence(d))
         if self.plot:
             from draftsmith.evaluation.sweep import plot_tree_sweep
 
@@ -219,20 +241,64 @@ class BenchCommand(TargetPlacement):
             self.json.write_text(json.dumps(report, indent=2) + "\n")
             print(f"wrote {self.json}")
 
-    def build_policy(self, target=None, acceptance=None):
-        """The --policy with its options, the drafter's acceptance model and, for cost-aware, the
-        target's stored cost curve (without a target: none yet)."""
-        fields = {}
-        if self.policy == "threshold" and self.min_path_confidence is not None:
-            fields["min_path_confidence"] = self.min_path_confidence
-        return policy_from_spec(
-            self.policy,
-            options=self.policy_option,
-            tree=self.tree,
-            draft_tokens=self.draft_tokens,
-            acceptance=acceptance,
-            target=target,
-            target_name=self.target,
-            rows=self.batch_size,
-            **fields,
-        )
+    @property
+    def policies(self) -> list[str]:
+        """The --policy specs, one or several."""
+        return [self.policy] if isinstance(self.policy, str) else list(self.policy)
+
+    def build_policies(self, target=None, acceptance=None) -> dict:
+        """Each --policy spec's policy with its options (and, for one policy, --policy-option),
+        the drafter's acceptance model and, for cost-aware, the target's stored cost curve
+        (without a target: none yet), by spec."""
+        built = {}
+        for spec in self.policies:
+            name, tree, pairs = split_policy_spec(spec)
+            fields = {}
+            if name == "threshold" and self.min_path_confidence is not None:
+                fields["min_path_confidence"] = self.min_path_confidence
+            built[spec] = policy_from_spec(
+                name,
+                options=[*pairs, *self.policy_option],
+                tree=tree or self.tree,
+                draft_tokens=self.draft_tokens,
+                acceptance=acceptance,
+                target=target,
+                target_name=self.target,
+                rows=self.batch_size,
+                **fields,
+            )
+        return built
+
+
+def check_policies(
+    specs: list[str], min_path_confidence: float | None, tree: str | None
+) -> str | list[str]:
+    """The --policy value once the specs are checked (a bad name or a repeated spec is an error
+    naming the fix): --min-path-confidence makes the default policy alone threshold."""
+    if len(set(specs)) < len(specs):
+        twice = next(spec for spec in specs if specs.count(spec) > 1)
+        raise ValueError(f"--policy {twice} is given twice: give each policy once")
+    if min_path_confidence is not None:
+        if len(specs) > 1:
+            raise ValueError(
+                "--min-path-confidence sets the one threshold policy: with several --policy, "
+                "give threshold:min_path_confidence=X"
+            )
+        if specs[0] == DEFAULT_POLICY:
+            specs = ["threshold"]
+        elif split_policy_spec(specs[0])[0] != "threshold":
+            raise ValueError(
+                f"--min-path-confidence sets the threshold policy; drop it or --policy {specs[0]}"
+            )
+    for spec in specs:
+        name, own_tree, _ = split_policy_spec(spec)
+        if name not in POLICIES:
+            raise ValueError(f"unknown --policy {name!r}: choose one of {sorted(POLICIES)}")
+        if own_tree == "auto" and name != DEFAULT_POLICY:
+            raise ValueError(
+                f"tree auto is the {DEFAULT_POLICY} policy's: drop tree=auto from --policy {spec}"
+            )
+        if tree == "auto" and not own_tree and name != DEFAULT_POLICY:
+            fix = "drop --policy" if len(specs) == 1 else "give tree=auto in its spec instead"
+            raise ValueError(f"--tree auto is the {DEFAULT_POLICY} policy's; {fix}")
+    return specs[0] if len(specs) == 1 else specs

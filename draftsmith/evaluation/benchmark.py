@@ -14,14 +14,21 @@ reports its figures as null ("-" in the table). A greedy divergence from plain `
 judged rounding or a fault by `draftsmith.evaluation.divergence` (a float32 re-score against the
 run's error over the forward shapes that position is computed in, plain `generate` itself
 replayed among them).
+
+Several draft policies run side by side when `decoder` is a dict of named decoders (``draftsmith
+bench --policy A B ...``): each is a method of its own in the same rotation, and the report holds
+each one's figures under ``policies`` (`report.method_summaries`), the per-prompt list one
+record per prompt and policy. With ``lockstep``, each policy is timed against plain decoding
+interleaved round by round within each request (`draftsmith.evaluation.lockstep`), the policies
+rotating; Hugging Face assisted generation, which cannot be interleaved, is not run.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -29,6 +36,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.core.ragged import left_padded
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.core.small_rows import small_rows
 from draftsmith.decoding.decoder import (
     GenerationResult,
@@ -37,7 +45,8 @@ from draftsmith.decoding.decoder import (
     eos_token_ids,
 )
 from draftsmith.evaluation.divergence import DivergedBatch, DivergenceJudge
-from draftsmith.evaluation.report import Aggregate, PromptResult, PromptRun
+from draftsmith.evaluation.lockstep import replay_plain_steps, run_lockstep
+from draftsmith.evaluation.report import PromptResult, PromptRun, method_summaries
 from draftsmith.evaluation.stats import rotated
 
 logger = logging.getLogger(__name__)
@@ -46,6 +55,15 @@ WARMUP_TOKENS = 8
 HF_ASSISTED_BATCH = (
     "not run: Hugging Face assisted generation supports batch size 1 only "
     "(its generate raises for a larger batch)"
+)
+HF_ASSISTED_LOCKSTEP = (
+    "not run: under lockstep each policy is timed against plain decoding interleaved round by "
+    "round, which Hugging Face assisted generation cannot be"
+)
+LOCKSTEP = (
+    "plain is the target's one-token loop interleaved round by round with each policy's "
+    "decoding of the same request, each side timed apart: each policy's speedup is over its own "
+    "plain run"
 )
 
 
@@ -56,7 +74,7 @@ class Benchmark:
         self,
         target: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        decoder: SpeculativeDecoder,
+        decoder: SpeculativeDecoder | dict[str, SpeculativeDecoder],
         hf_assist: dict,
         *,
         max_new_tokens: int = 128,
@@ -66,18 +84,35 @@ class Benchmark:
         seed: int = 0,
         batch_size: int = 1,
         repeats: int = 1,
+        lockstep: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """decoder: draftsmith's decoder, reported as ``draftsmith``, or named decoders (one per
+        draft policy) reported side by side under their names; lockstep: time each against
+        plain decoding interleaved round by round (batch size 1); clock: seconds, read to time
+        every run."""
         if (top_k is not None or top_p is not None) and temperature == 0.0:
             raise ValueError("top_k and top_p shape sampling: give a temperature > 0 with them")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
+        if lockstep and batch_size > 1:
+            raise ValueError(
+                "lockstep interleaves one request's rounds with plain decoding: batch size 1 only"
+            )
+        self.side_by_side = isinstance(decoder, dict)
+        self.decoders = dict(decoder) if self.side_by_side else {"draftsmith": decoder}
+        taken = sorted({"plain", "hf"} & set(self.decoders))
+        if not self.decoders or taken:
+            raise ValueError(f"give at least one decoder, none named plain or hf (got {taken})")
+        self.decoder = next(iter(self.decoders.values()))
         self.batch_size = batch_size
         self.repeats = repeats
+        self.lockstep = lockstep
+        self.clock = clock
         self.target = target
         self.tokenizer = tokenizer
-        self.decoder = decoder
         self.hf_assist = hf_assist
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -85,7 +120,8 @@ class Benchmark:
         self.top_p = top_p
         self.seed = seed
         self._eos = eos_token_ids(target)
-        self._judge = DivergenceJudge(target, self._plain_logits, self._pad_id())
+        replay = functools.partial(replay_plain_steps, target) if lockstep else self._plain_logits
+        self._judge = DivergenceJudge(target, replay, self._pad_id())
 
     @property
     def greedy(self) -> bool:
@@ -102,84 +138,123 @@ class Benchmark:
             list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)
         ]
         self._warm_up([encoded[i] for i in batches[0]])
-        groups: dict[str, Aggregate] = defaultdict(Aggregate)
-        overall = Aggregate()
+        results: list[tuple[str, PromptResult]] = []
         for batch in tqdm(batches, desc="bench" if size == 1 else f"bench (batches of {size})"):
             workloads = [prompts[i]["workload"] for i in batch]
-            for result in self._run_batch(batch, workloads, [encoded[i] for i in batch]):
-                overall.results.append(result)
-                groups[result.workload].results.append(result)
-        summary = overall.summary(self.greedy)
-        report = {
-            "lossy": summary["lossy"],
+            results += self._run_batch(batch, workloads, [encoded[i] for i in batch])
+        by_method = {
+            name: method_summaries([r for n, r in results if n == name], self.greedy)
+            for name in self.decoders
+        }
+        report: dict = {
+            "lossy": any(s["overall"]["lossy"] for s in by_method.values()),
             "batch_size": size,
             "repeats": self.repeats,
-            "overall": summary,
-            "workloads": {name: g.summary(self.greedy) for name, g in groups.items()},
-            "prompts": [r.record() for r in overall.results],
         }
-        if self.hf_assist and size > 1:
-            report["hf_assisted"] = HF_ASSISTED_BATCH
+        if self.side_by_side:
+            report["policies"] = by_method
+            report["prompts"] = [{**r.record(), "policy": name} for name, r in results]
+        else:
+            report.update(by_method["draftsmith"])
+            report["prompts"] = [r.record() for _, r in results]
+        if self.lockstep:
+            report["lockstep"] = LOCKSTEP
+        if self.hf_assist and (size > 1 or self.lockstep):
+            report["hf_assisted"] = HF_ASSISTED_LOCKSTEP if self.lockstep else HF_ASSISTED_BATCH
         return report
+
+    def methods(self, rows: int) -> list[str]:
+        """The methods a batch of `rows` prompts runs, in its first repeat's order: plain,
+        assisted (one prompt, with a Hugging Face counterpart) and each decoder; under lockstep
+        the decoders alone, each with plain decoding inside its run."""
+        if self.lockstep:
+            return list(self.decoders)
+        hf = ["hf"] if self.hf_assist and rows == 1 else []
+        return ["plain", *hf, *self.decoders]
 
     def _warm_up(self, batch: list[torch.Tensor]) -> None:
         logger.info("warm-up: %d tokens with each method", WARMUP_TOKENS)
-        self._plain(batch, WARMUP_TOKENS)
-        if self.hf_assist and len(batch) == 1:
-            self._assisted(batch[0], WARMUP_TOKENS)
-        self._ours(batch, WARMUP_TOKENS)
+        for method in self.methods(len(batch)):
+            if self.lockstep:
+                self._lockstep(method, batch, WARMUP_TOKENS)
+            else:
+                self._run(method, batch, WARMUP_TOKENS)
 
     def _run_batch(
         self, indices: list[int], workloads: list[str], batch: list[torch.Tensor]
-    ) -> list[PromptResult]:
+    ) -> list[tuple[str, PromptResult]]:
         """Every method on one batch of prompts (token ids (T_b,) each), back to back, `repeats`
-        times in rotating order; each method's fastest run is kept."""
-        methods = ["plain", "hf", "draftsmith"]
-        if not (self.hf_assist and len(batch) == 1):
-            methods.remove("hf")
-        kept: dict[str, tuple[float, list]] = {}
+        times in rotating order; each method's fastest run is kept (under lockstep, each
+        decoder's and its plain run's apart). Returns (decoder name, result) per prompt and
+        decoder, prompt by prompt."""
+        kept: dict[str | tuple[str, str], tuple[float, list]] = {}
+
+        def keep(key: str | tuple[str, str], wall_s: float, runs: list) -> None:
+            if key not in kept or wall_s < kept[key][0]:
+                kept[key] = (wall_s, runs)
+
         for repeat in range(self.repeats):
-            for method in rotated(methods, repeat):
-                wall_s, runs = self._timed(method, batch)
-                if method not in kept or wall_s < kept[method][0]:
-                    kept[method] = (wall_s, runs)
-        plain = kept["plain"][1]
+            for method in rotated(self.methods(len(batch)), repeat):
+                if self.lockstep:
+                    ours, plain = self._lockstep(method, batch, self.max_new_tokens)
+                    keep(method, *ours)
+                    keep(("plain", method), *plain)
+                else:
+                    keep(method, *self._timed(method, batch))
         hf: list[PromptRun | None] = kept["hf"][1] if "hf" in kept else [None] * len(batch)
-        wall_s, outs = kept["draftsmith"]
-        wall_s /= len(batch)
         results = []
-        for row, (index, workload, plain_run, hf_run, out) in enumerate(
-            zip(indices, workloads, plain, hf, outs, strict=True)
-        ):
-            ours = PromptRun(out.tokens, wall_s)
-            result = PromptResult(index, workload, plain_run, hf_run, ours, out.stats, out.lossy)
-            # A lossy verifier's departures are its own doing, measured by the exact-match rate.
-            if self.greedy and ours.tokens != plain_run.tokens and not out.lossy:
-                diverged = DivergedBatch(batch, [run.tokens for run in plain], row)
-                result.divergence = self._judge(index, diverged, ours.tokens)
-            results.append(result)
+        for row, (index, workload) in enumerate(zip(indices, workloads, strict=True)):
+            for name in self.decoders:
+                plain = kept[("plain", name) if self.lockstep else "plain"][1]
+                wall_s, outs = kept[name]
+                out = outs[row]
+                ours = PromptRun(out.tokens, wall_s / len(batch))
+                result = PromptResult(
+                    index, workload, plain[row], hf[row], ours, out.stats, out.lossy
+                )
+                # A lossy verifier's departures are its own doing, measured by the exact-match
+                # rate.
+                if self.greedy and ours.tokens != plain[row].tokens and not out.lossy:
+                    diverged = DivergedBatch(batch, [run.tokens for run in plain], row)
+                    result.divergence = self._judge(index, diverged, ours.tokens)
+                results.append((name, result))
         return results
 
     def _timed(self, method: str, batch: list[torch.Tensor]) -> tuple[float, list]:
         """One run of `method` on the batch, seeded alike: its wall time and its per-row runs
-        (`PromptRun`s; `GenerationResult`s for draftsmith)."""
+        (`PromptRun`s; `GenerationResult`s for a decoder)."""
         torch.manual_seed(self.seed)
-        started = time.perf_counter()
-        if method == "plain":
-            runs = self._plain(batch, self.max_new_tokens)
-        elif method == "hf":
-            runs = [self._assisted(batch[0], self.max_new_tokens)]
-        else:
-            runs = self._ours(batch, self.max_new_tokens)
-        return time.perf_counter() - started, runs
+        started = self.clock()
+        runs = self._run(method, batch, self.max_new_tokens)
+        return self.clock() - started, runs
 
-    def _ours(self, batch: list[torch.Tensor], max_new: int) -> list[GenerationResult]:
-        """draftsmith on the batch: `generate` for one prompt (which a subclass may observe),
+    def _run(self, method: str, batch: list[torch.Tensor], max_new: int) -> list:
+        if method == "plain":
+            return self._plain(batch, max_new)
+        if method == "hf":
+            return [self._assisted(batch[0], max_new)]
+        return self._ours(self.decoders[method], batch, max_new)
+
+    def _lockstep(
+        self, name: str, batch: list[torch.Tensor], max_new: int
+    ) -> tuple[tuple[float, list[GenerationResult]], tuple[float, list[PromptRun]]]:
+        """Decoder `name` and plain decoding on the batch's one prompt in lockstep, seeded
+        alike: (its seconds, [its result]) and (plain's seconds, [plain's run])."""
+        torch.manual_seed(self.seed)
+        sampling = SamplingParams(**self._sampling_kwargs())
+        run = run_lockstep(self.decoders[name], batch[0], max_new, sampling, self.seed, self.clock)
+        plain = PromptRun(run.plain.tokens, run.plain.seconds)
+        return (run.seconds, [run.result]), (plain.wall_s, [plain])
+
+    def _ours(
+        self, decoder: SpeculativeDecoder, batch: list[torch.Tensor], max_new: int
+    ) -> list[GenerationResult]:
+        """A decoder on the batch: `generate` for one prompt (which a subclass may observe),
         `generate_batch` for more (row b seeded seed + b)."""
         kwargs = {"max_new_tokens": max_new, "seed": self.seed, **self._sampling_kwargs()}
         if len(batch) == 1:
-            return [self.decoder.generate(batch[0], **kwargs)]
-        return self.decoder.generate_batch(batch, **kwargs)
+            return [decoder.generate(batch[0], **kwargs)]
+        return decoder.generate_batch(batch, **kwargs)
 
     def _sampling_kwargs(self) -> dict:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
@@ -203,9 +278,9 @@ class Benchmark:
     def _plain(self, batch: list[torch.Tensor], max_new: int) -> list[PromptRun]:
         """Plain `generate` of the target on the batch, left-padded; each row cut after its first
         EOS token (where a batch pads the rows that finished), the time split evenly."""
-        started = time.perf_counter()
+        started = self.clock()
         out = self._generate_plain(batch, max_new)
-        wall_s = (time.perf_counter() - started) / len(batch)
+        wall_s = (self.clock() - started) / len(batch)
         width = max(ids.numel() for ids in batch)
         return [PromptRun(self._until_eos(row[width:].tolist()), wall_s) for row in out]
 
@@ -246,7 +321,7 @@ class Benchmark:
     @torch.inference_mode()
     def _assisted(self, ids: torch.Tensor, max_new: int) -> PromptRun:
         """Hugging Face's own speculative decoding with the drafter's counterpart."""
-        started = time.perf_counter()
+        started = self.clock()
         with self._our_kernels():
             out = self.target.generate(
                 ids[None],
@@ -255,7 +330,7 @@ class Benchmark:
                 **self.hf_assist,
                 **self._hf_kwargs(),
             )
-        return PromptRun(out[0, ids.numel() :].tolist(), time.perf_counter() - started)
+        return PromptRun(out[0, ids.numel() :].tolist(), self.clock() - started)
 
     def _pad_id(self) -> int:
         """Any id: the attention mask hides padding."""

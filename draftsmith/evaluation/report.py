@@ -1,8 +1,11 @@
 """What a benchmark run reports: each prompt's runs and figures (`PromptResult`), a group's
-totals with their intervals (`Aggregate`), and the printed table (`format_table`)."""
+totals with their intervals (`Aggregate`), one method's per workload and overall
+(`method_summaries`), and the printed table (`format_table`: one row per workload, or per
+workload and policy where several policies ran side by side)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from draftsmith.decoding.results import GenerationStats
@@ -104,6 +107,18 @@ class Aggregate:
         }
 
 
+def method_summaries(results: list[PromptResult], greedy: bool) -> dict:
+    """{"overall": summary, "workloads": {workload: summary}} of one method's results, each
+    summary `Aggregate.summary`'s."""
+    groups: dict[str, Aggregate] = defaultdict(Aggregate)
+    for result in results:
+        groups[result.workload].results.append(result)
+    return {
+        "overall": Aggregate(list(results)).summary(greedy),
+        "workloads": {name: group.summary(greedy) for name, group in groups.items()},
+    }
+
+
 def _position_counts(stats: list[GenerationStats]) -> tuple[list[int], list[int]]:
     width = max((len(s.drafted_by_position) for s in stats), default=0)
     drafted, accepted = [0] * width, [0] * width
@@ -115,31 +130,78 @@ def _position_counts(stats: list[GenerationStats]) -> tuple[list[int], list[int]
 
 
 def format_table(report: dict) -> str:
-    """A readable table of the report, one row per workload and one overall."""
+    """A readable table of the report, one row per workload and one overall (per workload and
+    policy, with the speedups' 90% intervals, where several policies ran side by side)."""
+    if "policies" in report:
+        return _policies_table(report)
     header = (
         f"{'workload':<10} {'n':>3} {'plain tok/s':>11} {'HF tok/s':>9} {'ours tok/s':>10} "
         f"{'vs plain':>8} {'vs HF':>6} {'HF/plain':>8} {'tau':>5} {'identical':>9}"
     )
     rows = [header, "-" * len(header)]
     if report.get("lossy"):
-        rows.insert(0, "LOSSY verification: outputs may differ from the target's own")
+        rows.insert(0, LOSSY)
     named = [*report["workloads"].items(), ("overall", report["overall"])]
     for name, s in named:
-        identical = s["identical_to_plain"]
-        if identical is False and not s["unexplained_divergences"]:
-            identical = "rounding"
-        if s["lossy"]:
-            match = s["exact_match_rate"]
-            identical = "lossy" if match is None else f"lossy {match:.0%}"
         rows.append(
             f"{name:<10} {s['n_prompts']:>3} {s['plain_tok_s']:>11.2f} "
             f"{_number(s['hf_tok_s'], 9, '.2f')} "
             f"{s['draftsmith_tok_s']:>10.2f} {s['speedup_vs_plain']:>7.2f}x "
             f"{_number(s['speedup_vs_hf'], 6, '.2f', 'x')} "
             f"{_number(s['hf_speedup_vs_plain'], 8, '.2f', 'x')} "
-            f"{s['mean_accepted_length']:>5.2f} {str(identical):>9}"
+            f"{s['mean_accepted_length']:>5.2f} {_identity(s):>9}"
         )
     return "\n".join(rows)
+
+
+LOSSY = "LOSSY verification: outputs may differ from the target's own"
+
+
+def _policies_table(report: dict) -> str:
+    """Rows per workload and policy (``ours tok/s`` is the policy's)."""
+    policies = report["policies"]
+    width = max(len("policy"), *(len(name) for name in policies))
+    header = (
+        f"{'workload':<10} {'policy':<{width}} {'n':>3} {'plain tok/s':>11} {'HF tok/s':>9} "
+        f"{'ours tok/s':>10} {'vs plain [90%]':>20} {'vs HF [90%]':>20} {'tau':>5} "
+        f"{'identical':>9}"
+    )
+    rows = [header, "-" * len(header)]
+    if report.get("lossy"):
+        rows.insert(0, LOSSY)
+    first = next(iter(policies.values()))
+    for workload in [*first["workloads"], "overall"]:
+        for name, figures in policies.items():
+            s = figures["overall"] if workload == "overall" else figures["workloads"][workload]
+            rows.append(
+                f"{workload:<10} {name:<{width}} {s['n_prompts']:>3} {s['plain_tok_s']:>11.2f} "
+                f"{_number(s['hf_tok_s'], 9, '.2f')} {s['draftsmith_tok_s']:>10.2f} "
+                f"{ratio(s['speedup_vs_plain'], s['speedup_vs_plain_interval']):>20} "
+                f"{ratio(s['speedup_vs_hf'], s['speedup_vs_hf_interval']):>20} "
+                f"{s['mean_accepted_length']:>5.2f} {_identity(s):>9}"
+            )
+    return "\n".join(rows)
+
+
+def _identity(s: dict) -> str:
+    """The table's identity cell: True / False, rounding (every divergence explained), None
+    (sampling) or the lossy exact-match rate."""
+    if s["lossy"]:
+        match = s["exact_match_rate"]
+        return "lossy" if match is None else f"lossy {match:.0%}"
+    identical = s["identical_to_plain"]
+    if identical is False and not s["unexplained_divergences"]:
+        return "rounding"
+    return str(identical)
+
+
+def ratio(value: float | None, interval: list[float] | tuple[float, float] | None) -> str:
+    """``1.23x [1.10, 1.37]``, or ``-`` when the method did not run."""
+    if value is None:
+        return "-"
+    if not interval:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def _number(value: float | None, width: int, spec: str, unit: str = "") -> str:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.decoding.policies import DEFAULT_POLICY
+from draftsmith.evaluation.report import ratio
 from draftsmith.evaluation.suite import SUITE_MAX_NEW_TOKENS, SUITE_REPEATS
 
 GENERATOR = "python -m draftsmith.evaluation.results"
@@ -36,6 +37,7 @@ DEFAULT_FLAGS = {
     "limit": None,
     "max_new_tokens": SUITE_MAX_NEW_TOKENS,
     "repeats": SUITE_REPEATS,
+    "lockstep": False,
 }
 """The flags a headline row must have run with (missing keys are not checked); the dtype is
 free, as auto picks the hardware's fast precision."""
@@ -46,6 +48,11 @@ def load_reports(folder: Path) -> list[tuple[str, dict]]:
     reports = []
     for path in sorted(folder.glob("*.json")):
         report = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(report, dict) and "environment" in report and "policies" in report:
+            raise ValueError(
+                f"{path} compares several policies; a row of the results page is one "
+                "drafter's run: move it out of the folder, or rerun with one --policy"
+            )
         if isinstance(report, dict) and "environment" in report and "overall" in report:
             reports.append((path.name, report))
     return sorted(reports, key=lambda item: (item[1]["environment"]["date"], item[0]))
@@ -54,15 +61,6 @@ def load_reports(folder: Path) -> list[tuple[str, dict]]:
 def is_default(report: dict) -> bool:
     config = report.get("config", {})
     return all(config.get(key, value) == value for key, value in DEFAULT_FLAGS.items())
-
-
-def ratio(value: float | None, interval: list[float] | None) -> str:
-    """``1.23x [1.10, 1.37]``, or ``-`` when the method did not run."""
-    if value is None:
-        return "-"
-    if not interval:
-        return f"{value:.2f}x"
-    return f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def identity(summary: dict) -> str:
