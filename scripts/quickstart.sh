@@ -16,20 +16,31 @@ train=runs/data/smollm2-135m/stdlib-train-continued.jsonl
 chat=runs/data/smollm2-135m/chitchat-train-continued.jsonl
 heldout=runs/data/smollm2-135m/stdlib-heldout-continued.jsonl
 
-draftsmith fetch-model smollm2-135m
-draftsmith regenerate --target smollm2-135m --source stdlib --split train \
+# Each stage prints its wall time, so a slow machine shows where the time goes.
+stage() {
+    local name=$1 start=$SECONDS
+    shift
+    "$@"
+    echo "stage $name: $((SECONDS - start)) s" | tee -a "$out.stages.log"
+}
+
+mkdir -p "$(dirname "$out")"
+: > "$out.stages.log"
+stage fetch draftsmith fetch-model smollm2-135m
+stage regenerate-train draftsmith regenerate --target smollm2-135m --source stdlib --split train \
     --max-new-tokens 128 --batch-size 64 --max-records 1024 --prompts-per-document 4 \
     --out "$train"
-draftsmith regenerate --target smollm2-135m --source chitchat-transcripts --split train \
+stage regenerate-chat draftsmith regenerate --target smollm2-135m --source chitchat-transcripts --split train \
     --max-new-tokens 128 --batch-size 64 --max-records 256 \
     --prompts-per-document 2 --out "$chat"
-draftsmith regenerate --target smollm2-135m --source stdlib --split heldout \
+stage regenerate-heldout draftsmith regenerate --target smollm2-135m --source stdlib --split heldout \
     --max-new-tokens 128 --batch-size 64 --max-records 512 --prompts-per-document 8 \
     --out "$heldout"
-accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
+stage train accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
     recipes/smollm2-135m/eagle3.yaml output_dir="$out" "data.source=[$train, $chat]" \
     eval_data.source="$heldout" "$@"
-draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout"
-draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" \
+stage calibrate draftsmith calibrate "$out/drafter" --target smollm2-135m --data "$heldout"
+stage bench draftsmith bench --target smollm2-135m --drafter "artifact:$out/drafter" \
     --json "$out/bench.json"
 echo "artifact: $out/drafter (calibration report: $out/drafter/calibration/report.md)"
+echo "time per stage: $out.stages.log"
