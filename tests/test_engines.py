@@ -61,16 +61,26 @@ CASES = [
     ("eagle3", {"draft_vocab_size": 64}, "sglang"),
     ("eagle3", {"norm_before_fc": True}, "speculators"),
     ("eagle3", {"norm_before_residual": True, "draft_vocab_size": 64}, "speculators"),
+    ("peagle", {"num_steps": 3}, "speculators"),
+    (
+        "peagle",
+        {"num_steps": 3, "draft_vocab_size": 64, "norm_before_residual": True},
+        "speculators",
+    ),
     ("medusa", {"num_steps": 4}, "vllm-medusa"),
     ("medusa", {"num_steps": 3, "draft_vocab_size": 64}, "vllm-medusa"),
 ]
+
+
+LAYOUTS = {("eagle3", "sglang"): "eagle", ("peagle", "speculators"): "speculators-peagle"}
+"""The layout an export is read back as, where it is not named as the format."""
 
 
 @pytest.mark.parametrize(("kind", "args", "fmt"), CASES)
 def test_export_then_import_gives_the_same_drafts(kind, args, fmt, target, tmp_path):
     head = _head(kind, target, **args)
     export_head(head, target, tmp_path / "out", fmt, verifier="tiny")
-    assert foreign_layout(tmp_path / "out") == {"sglang": "eagle"}.get(fmt, fmt)
+    assert foreign_layout(tmp_path / "out") == LAYOUTS.get((kind, fmt), fmt)
     imported = import_head(tmp_path / "out", target)
     assert imported.target_feature_layers == head.target_feature_layers
     want, got = _drafts(head, target), _drafts(imported, target)
@@ -80,6 +90,31 @@ def test_export_then_import_gives_the_same_drafts(kind, args, fmt, target, tmp_p
     # load_drafter takes the engine folder directly too.
     drafter = load_drafter(tmp_path / "out", target)
     assert drafter.target_feature_layers == head.target_feature_layers
+
+
+def test_a_peagle_export_holds_the_mask_where_speculators_reads_it(target, tmp_path):
+    """speculators' P-EAGLE: mask_hidden (1, 1, 3H) and the mask token's embedding as row
+    mask_token_id of the embedding table, every other row the target's."""
+    head = _head("peagle", target, num_steps=4, mask_token_id=7)
+    export_head(head, target, tmp_path / "spec", "speculators", verifier="org/tiny", draft_tokens=4)
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_model_type"] == "peagle" and config["mask_token_id"] == 7
+    assert config["speculators_config"]["algorithm"] == "peagle"
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    tensors = load_file(str(tmp_path / "spec" / "model.safetensors"))
+    assert torch.equal(tensors["mask_hidden"], head.mask_hidden.reshape(1, 1, -1))
+    embed, own = tensors["embed_tokens.weight"], target.get_input_embeddings().weight
+    assert torch.equal(embed[7], head.mask_embedding)
+    others = torch.arange(own.shape[0]) != 7
+    assert torch.equal(embed[others], own[others])
+    assert "mask_embedding" not in tensors
+
+    with pytest.raises(ValueError, match="blocks of 4 tokens.*--draft-tokens 4 or fewer"):
+        export_head(head, target, tmp_path / "long", "speculators", verifier="t", draft_tokens=5)
+    embed[3] += 1.0  # trained with its own embeddings, which draftsmith does not hold
+    save_file(tensors, str(tmp_path / "spec" / "model.safetensors"))
+    with pytest.raises(ValueError, match="is not the target's input embedding"):
+        import_head(tmp_path / "spec", target)
 
 
 def test_the_vocabulary_maps_are_offsets_and_a_mask_in_the_engines():

@@ -4,7 +4,7 @@ layouts, the EAGLE repository's or the Medusa repository's, as a draftsmith head
 
 | format | holds | written | read |
 |---|---|---|---|
-| speculators | EAGLE-3 | `export --format speculators` (vLLM serves it) | yes |
+| speculators | EAGLE-3, P-EAGLE | `export --format speculators` (vLLM serves it) | yes |
 | sglang | EAGLE-3 | `export --format sglang` | yes (also the EAGLE repository's layout) |
 | vllm-medusa | Medusa | `export --format vllm-medusa` | yes |
 | medusa-repo | Medusa | no | yes (`medusa_lm_head.safetensors`) |
@@ -29,6 +29,7 @@ from draftsmith.artifact.engines.eagle3 import (
     write_speculators,
 )
 from draftsmith.artifact.engines.medusa import read_medusa_repo, read_vllm_medusa, write_vllm_medusa
+from draftsmith.artifact.engines.peagle import read_speculators_peagle, write_speculators_peagle
 from draftsmith.artifact.save import own_tensors
 from draftsmith.artifact.staging import staged_directory
 from draftsmith.core.registry import Registry
@@ -38,8 +39,16 @@ from draftsmith.heads.trainable import DraftHead, head_class, head_config
 Writer = Callable[..., None]
 """writer(head, target, out, *, verifier, draft_tokens): the head in one format, written into out."""
 
+SPECULATORS_WRITERS: dict[str, Writer] = {"peagle": write_speculators_peagle}
+"""speculators' writer of each kind it holds beside EAGLE-3 (`write_speculators`)."""
+
 EXPORTERS: Registry[Writer] = Registry("export format")
-EXPORTERS.add("speculators", write_speculators)
+EXPORTERS.add(
+    "speculators",
+    lambda head, *args, **kwargs: SPECULATORS_WRITERS.get(head.kind, write_speculators)(
+        head, *args, **kwargs
+    ),
+)
 EXPORTERS.add("sglang", lambda head, target, out, **_: write_sglang(head, target, out))
 EXPORTERS.add("vllm-medusa", lambda head, target, out, **_: write_vllm_medusa(head, target, out))
 EXPORT_FORMATS = tuple(EXPORTERS.names())
@@ -47,6 +56,7 @@ EXPORT_FORMATS = tuple(EXPORTERS.names())
 READERS: Registry[tuple[str, Callable[..., Any], tuple[str, ...]]] = Registry("engine layout")
 """Per layout: the head kind it holds, its reader and the safetensors files it keeps."""
 READERS.add("speculators", ("eagle3", read_speculators, ("model.safetensors",)))
+READERS.add("speculators-peagle", ("peagle", read_speculators_peagle, ("model.safetensors",)))
 READERS.add("eagle", ("eagle3", read_eagle, ("model.safetensors",)))
 READERS.add("vllm-medusa", ("medusa", read_vllm_medusa, ("model.safetensors",)))
 READERS.add("medusa-repo", ("medusa", read_medusa_repo, ("medusa_lm_head.safetensors",)))
@@ -83,7 +93,8 @@ def foreign_layout(path: str | os.PathLike) -> str | None:
     if config is None or "draftsmith_version" in config:
         return None
     if "speculators_model_type" in config:
-        return "speculators"
+        peagle = config["speculators_model_type"] == "peagle"
+        return "speculators-peagle" if peagle else "speculators"
     if config.get("model_type") == "medusa":
         return "vllm-medusa"
     if "medusa_num_heads" in config:

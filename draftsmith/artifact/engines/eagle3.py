@@ -62,7 +62,19 @@ def write_speculators(
     head: DraftHead, target: PreTrainedModel, out: Path, *, verifier: str, draft_tokens: int
 ) -> None:
     """Write head in speculators' EAGLE-3 format (config.json + model.safetensors) into out."""
-    text, layers = _exportable(head, target)
+    write_checkpoint(out, *speculators_checkpoint(head, target, verifier, draft_tokens))
+
+
+def speculators_checkpoint(
+    head: DraftHead,
+    target: PreTrainedModel,
+    verifier: str,
+    draft_tokens: int,
+    kinds: tuple[str, ...] = ("eagle3",),
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config, tensors) of head, a kind of `kinds` with EAGLE-3's layout, in speculators'
+    EAGLE-3 format: what a kind built on that layout (P-EAGLE) adds its own fields to."""
+    text, layers = exportable(head, target, kinds)
     ids = engine_layer_ids(list(head.target_feature_layers), layers, "vllm")
     vocab = text.vocab_size
     config = {
@@ -99,13 +111,13 @@ def write_speculators(
     tensors["embed_tokens.weight"] = target.get_input_embeddings().weight
     if head.draft_vocab_size is not None:  # speculators has no maps for a full vocabulary
         tensors["d2t"], tensors["t2d"] = d2t_offsets(head.d2t), t2d_mask(head.d2t, vocab)
-    write_checkpoint(out, config, tensors)
+    return config, tensors
 
 
 def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path) -> None:
     """Write head in SGLang's LlamaForCausalLMEagle3 format into out (SGLang's launch flags,
     not the config, choose how many tokens to draft)."""
-    text, layers = _exportable(head, target)
+    text, layers = exportable(head, target)
     if head.midlayer.norm_before_residual:
         raise ValueError(
             "the head was trained with norm_before_residual (its residual starts at the "
@@ -149,11 +161,13 @@ def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path) -> None:
     write_checkpoint(out, config, tensors)
 
 
-def _exportable(head: DraftHead, target: PreTrainedModel):
+def exportable(head: DraftHead, target: PreTrainedModel, kinds: tuple[str, ...] = ("eagle3",)):
     """(target text config, its layer count), after checking the engines can hold the head: a
-    three-layer fc and a layer with exactly the parameters of the engines' Llama layer."""
-    if head.kind != "eagle3":
-        raise ValueError(f"this format holds EAGLE-3 heads, not {head.kind} heads")
+    kind of `kinds`, a three-layer fc and a layer with exactly the parameters of the engines'
+    Llama layer."""
+    if head.kind not in kinds:
+        held = " or ".join({"eagle3": "EAGLE-3", "peagle": "P-EAGLE"}.get(k, k) for k in kinds)
+        raise ValueError(f"this format holds {held} heads, not {head.kind} heads")
     text = target.config.get_text_config()
     if len(head.target_feature_layers) != 3:
         raise ValueError(
@@ -196,11 +210,24 @@ def read_speculators(
     config: dict[str, Any], tensors: dict[str, torch.Tensor], target: PreTrainedModel, where: Path
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A speculators EAGLE-3 checkpoint as draftsmith's (head config, state dict)."""
-    if config.get("speculators_model_type") != "eagle3":
+    check_speculators_type(config, "eagle3", where)
+    return read_speculators_layout(config, tensors, target, where)
+
+
+def check_speculators_type(config: dict[str, Any], kind: str, where: Path) -> None:
+    """A ValueError unless config's speculators_model_type is `kind`."""
+    if config.get("speculators_model_type") != kind:
         raise ValueError(
             f"{where}: speculators_model_type {config.get('speculators_model_type')!r}; "
-            "draftsmith imports eagle3 speculators"
+            f"this reader imports {kind} speculators"
         )
+
+
+def read_speculators_layout(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], target: PreTrainedModel, where: Path
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A checkpoint in speculators' EAGLE-3 layout (of whichever model type) as draftsmith's
+    (head config, state dict): the tensors EAGLE-3 does not hold are left in the state dict."""
     for flag in ("fc_norm", "norm_output"):
         if config.get(flag):
             raise ValueError(
