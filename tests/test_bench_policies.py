@@ -59,8 +59,8 @@ def test_several_policies_are_methods_of_their_own_each_identical_to_plain(
     json.loads(json.dumps(report))  # the report is plain JSON
     assert list(report["policies"]) == NAMES and "overall" not in report
     assert ("hf_assisted" in report) is lockstep and ("lockstep" in report) is lockstep
-    expected = [greedy_reference(llama, byte_tokenizer(p["prompt"], return_tensors="pt")
-                                 .input_ids[0], 10) for p in PROMPTS]  # fmt: skip
+    encoded = [byte_tokenizer(p["prompt"], return_tensors="pt").input_ids[0] for p in PROMPTS]
+    expected = [greedy_reference(llama, ids, 10) for ids in encoded]
     for name, figures in report["policies"].items():
         overall = figures["overall"]
         assert set(figures["workloads"]) == {"code", "prose"}

@@ -103,9 +103,10 @@ class Benchmark:
             )
         self.side_by_side = isinstance(decoder, dict)
         self.decoders = dict(decoder) if self.side_by_side else {"draftsmith": decoder}
-        taken = sorted({"plain", "hf"} & set(self.decoders))
-        if not self.decoders or taken:
-            raise ValueError(f"give at least one decoder, none named plain or hf (got {taken})")
+        if not self.decoders:
+            raise ValueError("no decoder to benchmark: give at least one")
+        if {"plain", "hf"} & set(self.decoders):
+            raise ValueError("plain and hf name the baselines: name the decoders otherwise")
         self.decoder = next(iter(self.decoders.values()))
         self.batch_size = batch_size
         self.repeats = repeats
