@@ -83,15 +83,15 @@ def expected_kinds(records, n_tokens: int) -> list[tuple[str, int | None]]:
 
 
 @pytest.mark.parametrize(
-    "drafter, seen",
+    "drafter, policy, seen",
     [
-        ("artifact:{root}/medusa", {"accepted", "correction"}),
-        ("draft-model:{root}/target", {"accepted", "bonus"}),
-        ("ngram", {"plain"}),
+        ("artifact:{root}/medusa", "fixed", {"accepted", "correction"}),
+        ("draft-model:{root}/target", "fixed", {"accepted", "bonus"}),
+        ("ngram", "cost-aware", {"plain"}),
     ],
 )
 def test_the_html_view_colours_each_token_as_the_rounds_produced_it(
-    drafter, seen, saved, tmp_path, monkeypatch, capsys, byte_tokenizer
+    drafter, policy, seen, saved, tmp_path, monkeypatch, capsys, byte_tokenizer
 ):
     records, results = [], []
     generate_batch = SpeculativeDecoder.generate_batch
@@ -112,13 +112,13 @@ def test_the_html_view_colours_each_token_as_the_rounds_produced_it(
     page = tmp_path / "view.html"
     drafter = drafter.format(root=saved)
     main(
-        ["generate", "--target", str(saved / "target"), "--drafter", drafter, "--policy", "fixed"]
+        ["generate", "--target", str(saved / "target"), "--drafter", drafter, "--policy", policy]
         + ["--max-new-tokens", "40", "--html", str(page), PROMPT]
     )
     tokens = results[0].tokens
     text = byte_tokenizer.decode(tokens)
     printed = capsys.readouterr().out
-    assert printed.startswith(text + "\n")  # streamed, then the figures
+    assert f"{text}\n{len(tokens)} tokens in " in printed  # streamed, then the figures
     assert "tokens/s" in printed and "mean accepted length (tau)" in printed
     assert "estimated speedup" in printed and f"wrote {page}" in printed
 
@@ -147,12 +147,12 @@ def test_the_speedup_estimate_is_the_later_rounds_rate_against_the_cost_curves()
     stats = GenerationStats()
     stats.target_forwards = 4
     stats.finish(new_tokens=10, wall_s=0.5)
-    line = summary_line(stats, plain_token_s=0.1, later_tokens=8, later_s=0.2)
+    line = summary_line(stats, 0.1, later_tokens=8, later_s=0.2, source="by the curve")
     assert "10 tokens in 0.50 s: 20.0 tokens/s" in line
     assert "mean accepted length (tau) 2.50" in line
     assert "estimated speedup 4.00x" in line and "40.0 tokens/s after the first round" in line
-    assert "100.0 ms by the measured cost curve" in line
-    short = summary_line(stats, plain_token_s=0.1, later_tokens=0, later_s=0.0)
+    assert "one target forward a token, 100.0 ms by the curve" in line
+    short = summary_line(stats, 0.1, later_tokens=0, later_s=0.0, source="by the curve")
     assert "too short to estimate a speedup" in short and "estimated speedup" not in short
 
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from draftsmith.build.flags import POSITIONAL, Range, at_least, between
 from draftsmith.core.models import Dtype
-from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES
+from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES, CostAwarePolicy
 
 
 @dataclass(kw_only=True)
@@ -82,6 +82,12 @@ class GenerateCommand:
             self.policy, acceptance=built.acceptance, target=target, target_name=self.target
         )
         decoder = SpeculativeDecoder(target, built.drafter, tokenizer, policy=policy)
+        # Plain decoding's step, for the speedup estimate: the cost-aware policy times it on this
+        # run's rounds; with another policy, the stored cost curve gives it (measured now where
+        # there is none, before the output streams).
+        curve = None
+        if not isinstance(policy, CostAwarePolicy):
+            curve = cost_curve(target, self.target, max_tokens=AUTO_TREE.max_tokens + 1)
         turn = {"prompt": [{"role": "user", "content": self.prompt}]}
         prompt = render_prompt(turn, tokenizer) if self.chat else self.prompt
         log = RoundLog(built.acceptance) if self.html else None
@@ -103,11 +109,16 @@ class GenerateCommand:
             on_commit=commit,
         )
         streamer.end()
-        # The same curve the cost-aware policy reads (measured here once for another policy).
-        curve = cost_curve(target, self.target, max_tokens=AUTO_TREE.max_tokens + 1)
         later = sum(n for _, n in commits[1:])
+        if curve is None:
+            plain_token_s, source = (
+                1.0 / policy.plain_rate(),
+                "by the cost curve, scaled to the run",
+            )
+        else:
+            plain_token_s, source = curve.verify_cost(1), "by the stored cost curve"
         summary = summary_line(
-            result.stats, curve.verify_cost(1), later, commits[-1][0] - commits[0][0]
+            result.stats, plain_token_s, later, commits[-1][0] - commits[0][0], source
         )
         print(summary)
         if log is not None:

@@ -126,15 +126,14 @@ class RoundLog:
 
 
 def summary_line(
-    stats: GenerationStats, plain_token_s: float, later_tokens: int, later_s: float
+    stats: GenerationStats, plain_token_s: float, later_tokens: int, later_s: float, source: str
 ) -> str:
     """The run's figures: tokens, time, tokens/s, mean accepted length and an estimated speedup
     over plain decoding: the tokens/s of the rounds after the first (`later_tokens` committed in
     `later_s` seconds; the first round, with the prompt's prefill and what warms up, would weigh
     on a short run) against plain decoding's, taken as one target forward of `plain_token_s`
-    seconds a token (the measured cost curve's one-token verification; plain decoding's own
-    overhead around each forward is left out, so on a small model the estimate runs low). Not a
-    measurement."""
+    seconds a token, as `source` says it was found (plain decoding's own overhead around each
+    forward is left out, so on a small model the estimate runs low). Not a measurement."""
     figures = (
         f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s: {stats.tokens_per_s:.1f} tokens/s, "
         f"mean accepted length (tau) {stats.mean_accepted_length:.2f}"
@@ -145,7 +144,7 @@ def summary_line(
     return (
         f"{figures}; estimated speedup {rate * plain_token_s:.2f}x over plain decoding "
         f"(an estimate: {rate:.1f} tokens/s after the first round against plain decoding taken as "
-        f"one target forward a token, {plain_token_s * 1e3:.1f} ms by the measured cost curve; "
+        f"one target forward a token, {plain_token_s * 1e3:.1f} ms {source}; "
         "`draftsmith bench` measures both side by side)"
     )
 
