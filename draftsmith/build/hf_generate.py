@@ -63,8 +63,8 @@ def speculative_generate(
     **model_kwargs,
 ) -> torch.Tensor:
     """The ids (B, T + new) that ``model.generate(input_ids (B, T), ...)`` returns, decoded
-    speculatively: greedy output identical to plain ``generate``, sampled output distributed as
-    its (the rejection rule), each row of a padded batch as its prompt alone would give.
+    speculatively: greedy output identical to plain ``generate``'s, sampled output distributed as
+    plain sampling's (the rejection rule), each row of a padded batch as its prompt alone gives.
 
     drafter: a spec (ngram[:N], artifact:PATH, draft-model:NAME_OR_PATH, route:SPEC+SPEC) or a
     `Drafter`; draft_policy: how much to draft each round (default: the cost-aware policy, with
@@ -142,15 +142,17 @@ def _prepare(model: PreTrainedModel, drafter: str | Drafter | None) -> _Prepared
             "draftsmith Drafter"
         )
     made = _prepared.setdefault(model, {})
-    if drafter not in made:
+    # A Drafter by its id (it need not be hashable), which its entry keeps alive and so unique.
+    key = drafter if isinstance(drafter, str) else id(drafter)
+    if key not in made:
         if isinstance(drafter, str):
             # A draft model loads in the target's precision.
             dtype = str(model.dtype).removeprefix("torch.")
             built = build_drafter(drafter, model, None, dtype=dtype)
-            made[drafter] = _Prepared(built.drafter, built.acceptance)
+            made[key] = _Prepared(built.drafter, built.acceptance)
         else:
-            made[drafter] = _Prepared(drafter, None)
-    return made[drafter]
+            made[key] = _Prepared(drafter, None)
+    return made[key]
 
 
 def _check_supported(
