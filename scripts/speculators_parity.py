@@ -1,4 +1,5 @@
-"""EAGLE-3 parity against the speculators package's own model classes (code no one here wrote).
+"""EAGLE-3 and P-EAGLE parity against the speculators package's own model classes (code no one
+here wrote).
 
 Runs in the separate environment `scripts/speculators_env.sh` makes (speculators pins older
 transformers and datasets than draftsmith), driven by tests/test_speculators_parity.py:
@@ -13,6 +14,14 @@ transformers and datasets than draftsmith), driven by tests/test_speculators_par
         (feature layers LAYERS, e.g. 2,4,5, in speculators' numbering; a draft vocabulary of
         the DRAFT_VOCAB lowest ids plus every third id; norm_before_residual "true" or "false",
         the default), and save it to OUT with speculators' save_pretrained.
+    python scripts/speculators_parity.py peagle-logits FOLDER INPUTS OUT
+        Load FOLDER (speculators' peagle format) with PEagleDraftModel and write the logits of
+        every block depth d at every row t < T - d (depth by depth, rows in order: what
+        PEagleDraftModel's training forward computes when its COD sampling keeps every row)
+        for INPUTS as above to OUT.
+    python scripts/speculators_parity.py peagle-make VERIFIER OUT LAYERS DRAFT_VOCAB MASK_ID DEPTHS
+        Build a random P-EAGLE head with speculators as `make` does (mask token MASK_ID, DEPTHS
+        speculative tokens a block) and save it to OUT.
 
 Offline throughout: the verifier is a local folder, never a hub id.
 """
@@ -26,17 +35,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from speculators.losses import resolve_loss_config  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: E402
+from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig  # noqa: E402
+from speculators.models.peagle import core as peagle_core  # noqa: E402
 from transformers import AutoConfig, LlamaConfig  # noqa: E402
 
 
-def load_offline(folder: str) -> Eagle3DraftModel:
+def load_offline(
+    folder: str, config_class=Eagle3SpeculatorConfig, model_class=Eagle3DraftModel
+) -> Eagle3DraftModel:
     """speculators' model from a saved folder without resolving the verifier (from_pretrained
     would look it up): config -> model -> state dict, strictly apart from the verifier's own
     tensors, which speculators never saves."""
-    config = Eagle3SpeculatorConfig.from_pretrained(folder)
+    config = config_class.from_pretrained(folder)
     config.transformer_layer_config._attn_implementation = "sdpa"  # any length, explicit mask
-    model = Eagle3DraftModel(config)
+    model = model_class(config)
     missing, unexpected = model.load_state_dict(
         load_file(os.path.join(folder, "model.safetensors")), strict=False
     )
@@ -63,8 +77,39 @@ def first_step_logits(folder: str, inputs: str, out: str) -> None:
     save_file({"logits": captured[0].float().contiguous()}, out)
 
 
+def peagle_logits(folder: str, inputs: str, out: str) -> None:
+    model = load_offline(folder, PEagleSpeculatorConfig, PEagleDraftModel)
+    tensors = load_file(inputs)
+    hidden, input_ids = tensors["hidden_states"], tensors["input_ids"]
+    rows = input_ids.shape[1]
+    depths = model.config.speculators_config.proposal_methods[0].speculative_tokens
+    # Every row of every depth: anchors t < T - d at depth d, depth by depth.
+    anchors = torch.cat([torch.arange(rows - d) for d in range(depths)])
+    depth = torch.cat([torch.full((rows - d,), d) for d in range(depths)])
+    peagle_core.generate_cod_sample_indices = lambda **_: (anchors, depth)
+    captured = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+    with torch.no_grad():
+        model(
+            hidden_states=hidden.to(model.fc.weight.dtype),
+            input_ids=input_ids,
+            document_ids=torch.zeros_like(input_ids),
+            verifier_last_hidden_states=torch.zeros(1, rows, model.hidden_size),
+            num_depths=depths,
+            loss_config=resolve_loss_config("kl_div", "eager"),  # the fused one needs Triton
+        )
+    hook.remove()
+    save_file({"logits": captured[0].float().contiguous()}, out)
+
+
 def make(
-    verifier: str, out: str, layers: str, draft_vocab: int, norm_before_residual: bool
+    verifier: str,
+    out: str,
+    layers: str,
+    draft_vocab: int,
+    norm_before_residual: bool,
+    model_class=Eagle3DraftModel,
+    **extra,
 ) -> None:
     vocab = AutoConfig.from_pretrained(verifier).vocab_size
     chosen = sorted(set(range(draft_vocab // 2)) | set(range(0, vocab, 3)))[:draft_vocab]
@@ -75,7 +120,7 @@ def make(
     layer = AutoConfig.from_pretrained(verifier).to_dict()
     layer.update(num_hidden_layers=1, architectures=None)
     torch.manual_seed(0)
-    model = Eagle3DraftModel.from_training_args(
+    model = model_class.from_training_args(
         verifier_config=LlamaConfig(**layer),
         t2d=t2d,
         d2t=d2t,
@@ -85,6 +130,7 @@ def make(
         norm_before_residual=norm_before_residual,
         ttt_steps=3,
         draft_attn_impl="sdpa",
+        **extra,
     )
     with torch.no_grad():  # off the initialisation (norms start at one), reproducibly
         for name, p in model.named_parameters():
@@ -99,5 +145,11 @@ if __name__ == "__main__":
         first_step_logits(*args)
     elif command == "make":
         make(args[0], args[1], args[2], int(args[3]), args[4:5] == ["true"])
+    elif command == "peagle-logits":
+        peagle_logits(*args)
+    elif command == "peagle-make":
+        verifier, out, layers, vocab, mask_id, depths = args
+        make(verifier, out, layers, int(vocab), False, PEagleDraftModel,
+             mask_token_id=int(mask_id), num_depths=int(depths))  # fmt: skip
     else:
         sys.exit(__doc__)

@@ -1,6 +1,7 @@
-"""EAGLE-3 parity with the speculators package's own model classes, in both directions: our
-speculators export loaded by speculators, and a head built and saved by speculators imported
-here, each giving the same draft logits on the same inputs (a tiny random target).
+"""EAGLE-3 and P-EAGLE parity with the speculators package's own model classes, in both
+directions: our speculators export loaded by speculators, and a head built and saved by
+speculators imported here, each giving the same draft logits on the same inputs (a tiny random
+target; for P-EAGLE every depth of the block at every row).
 
 speculators pins older transformers and datasets, so it lives in its own environment: make it with
 `bash scripts/speculators_env.sh` and point SPECULATORS_PYTHON at its python (default
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
 from draftsmith.artifact.engines import export_head, import_head
-from draftsmith.core.target import Target
+from draftsmith.core.target import Target, TargetBatch
 from draftsmith.heads import build_draft_vocab, build_head
 from draftsmith.heads.blocks import causal_mask, lag
 
@@ -106,3 +108,51 @@ def test_a_head_saved_by_speculators_imports_and_drafts_the_same(
     _speculators("logits", str(tmp_path / "made"), str(inputs), str(tmp_path / "theirs.st"))
     theirs = load_file(str(tmp_path / "theirs.st"))["logits"]
     torch.testing.assert_close(_our_logits(head, hidden, input_ids), theirs, rtol=1e-4, atol=1e-4)
+
+
+def _our_block_logits(head, hidden, input_ids) -> torch.Tensor:
+    """Every block depth d at every row t < T - d, depth by depth: (1, sum_d (T - d), V_d), the
+    rows the speculators side computes (`peagle-logits`)."""
+    rows = input_ids.shape[1]
+    features = F.pad(hidden, (0, 0, 0, 1))[:, 1:]  # un-lag: forward_train lags them itself
+    batch = TargetBatch(input_ids, torch.ones_like(input_ids, dtype=torch.bool), features, None)
+    with torch.no_grad():
+        steps = head.forward_train(batch)
+    return torch.cat([logits[:, : rows - d] for d, logits in enumerate(steps)], dim=1)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"num_steps": 3},
+        {"num_steps": 4, "draft_vocab_size": 64, "norm_before_residual": True, "mask_token_id": 9},
+    ],
+)
+def test_speculators_loads_our_peagle_export_and_drafts_the_same_block(args, target, tmp_path):
+    head = build_head("peagle", target, args)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    if args.get("draft_vocab_size"):
+        head.set_draft_vocab(*build_draft_vocab(torch.rand(256, generator=gen), 64))
+    steps = args["num_steps"]
+    export_head(head, target, tmp_path / "spec", "speculators", verifier="t", draft_tokens=steps)
+    hidden, input_ids, inputs = _inputs(target, head, tmp_path)
+    _speculators("peagle-logits", str(tmp_path / "spec"), str(inputs), str(tmp_path / "th.st"))
+    theirs = load_file(str(tmp_path / "th.st"))["logits"]
+    ours = _our_block_logits(head, hidden, input_ids)
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_a_peagle_head_saved_by_speculators_imports_and_drafts_the_same(target, tmp_path):
+    target.save_pretrained(tmp_path / "verifier")
+    made = str(tmp_path / "made")
+    _speculators("peagle-make", str(tmp_path / "verifier"), made, "2,4,5", "64", "9", "3")
+    head = import_head(tmp_path / "made", target)
+    assert (head.num_steps, head.config.mask_token_id) == (3, 9)
+    hidden, input_ids, inputs = _inputs(target, head, tmp_path)
+    _speculators("peagle-logits", made, str(inputs), str(tmp_path / "theirs.st"))
+    theirs = load_file(str(tmp_path / "theirs.st"))["logits"]
+    ours = _our_block_logits(head, hidden, input_ids)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
