@@ -60,8 +60,9 @@ def load_offline(
     return model.eval()
 
 
-def first_step_logits(folder: str, inputs: str, out: str) -> None:
-    model = load_offline(folder)
+def write_logits(model, inputs: str, out: str, **forward) -> None:
+    """Run model's forward on INPUTS (plus `forward`'s arguments) and write the logits its LM
+    head computed (the first call's) to OUT."""
     tensors = load_file(inputs)
     hidden, input_ids = tensors["hidden_states"], tensors["input_ids"]
     captured = []
@@ -71,35 +72,32 @@ def first_step_logits(folder: str, inputs: str, out: str) -> None:
             hidden_states=hidden.to(model.fc.weight.dtype),
             input_ids=input_ids,
             document_ids=torch.zeros_like(input_ids),
-            ttt_steps=1,
+            **forward,
         )
     hook.remove()
     save_file({"logits": captured[0].float().contiguous()}, out)
 
 
+def first_step_logits(folder: str, inputs: str, out: str) -> None:
+    write_logits(load_offline(folder), inputs, out, ttt_steps=1)
+
+
 def peagle_logits(folder: str, inputs: str, out: str) -> None:
     model = load_offline(folder, PEagleSpeculatorConfig, PEagleDraftModel)
-    tensors = load_file(inputs)
-    hidden, input_ids = tensors["hidden_states"], tensors["input_ids"]
-    rows = input_ids.shape[1]
+    rows = load_file(inputs)["input_ids"].shape[1]
     depths = model.config.speculators_config.proposal_methods[0].speculative_tokens
     # Every row of every depth: anchors t < T - d at depth d, depth by depth.
     anchors = torch.cat([torch.arange(rows - d) for d in range(depths)])
     depth = torch.cat([torch.full((rows - d,), d) for d in range(depths)])
     peagle_core.generate_cod_sample_indices = lambda **_: (anchors, depth)
-    captured = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
-    with torch.no_grad():
-        model(
-            hidden_states=hidden.to(model.fc.weight.dtype),
-            input_ids=input_ids,
-            document_ids=torch.zeros_like(input_ids),
-            verifier_last_hidden_states=torch.zeros(1, rows, model.hidden_size),
-            num_depths=depths,
-            loss_config=resolve_loss_config("kl_div", "eager"),  # the fused one needs Triton
-        )
-    hook.remove()
-    save_file({"logits": captured[0].float().contiguous()}, out)
+    write_logits(
+        model,
+        inputs,
+        out,
+        verifier_last_hidden_states=torch.zeros(1, rows, model.hidden_size),
+        num_depths=depths,
+        loss_config=resolve_loss_config("kl_div", "eager"),  # the fused one needs Triton
+    )
 
 
 def make(
