@@ -52,7 +52,13 @@ def test_drafter_without_confidence_is_a_clear_error(llama):
 
 @pytest.mark.parametrize(
     "name, vocab_size",
-    [("eagle3-reduced", 256), ("medusa", 256), ("mtp-reduced", 256), ("eagle3", 6)],
+    [
+        ("eagle3-reduced", 256),
+        ("peagle-reduced", 256),
+        ("medusa", 256),
+        ("mtp-reduced", 256),
+        ("eagle3", 6),
+    ],
 )
 def test_teacher_forced_on_greedy_text_reproduces_the_decoding_records(llama, name, vocab_size):
     """On the target's own greedy text a teacher-forced pass sees every context decoding sees,
