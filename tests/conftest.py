@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 # Tests never reach the Hugging Face hub (nor probe it, `draftsmith.core.hub`): set before the
@@ -205,6 +206,15 @@ def own_home(request, tmp_path_factory, monkeypatch):
     temporary one, not the user's; `slow` tests keep the real home, where the zoo's models are."""
     if request.node.get_closest_marker("slow") is None:
         monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path_factory.mktemp("home")))
+
+
+@pytest.fixture(autouse=True)
+def stored_cost_curves_hold(request, monkeypatch):
+    """A stored cost curve is reused as stored: whether it was timed while the machine was busy
+    is a timing, so only tests marked `busy_check` (with an injected profile) reach that rule."""
+    if request.node.get_closest_marker("busy_check") is None:
+        module = importlib.import_module("draftsmith.build.cost_curve")  # the package's
+        monkeypatch.setattr(module, "timed_while_busy", lambda *_: None)  # cost_curve is a function
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ chooses. Speed itself is never asserted: a fake clock stands in where times matt
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -299,6 +300,35 @@ def test_bench_times_again_a_curve_timed_by_another_draftsmith_cpu_or_thread_cou
     assert timed == (here.draftsmith_version, here.device_name, here.torch_threads)
     assert measured.verify_s[0] < 1.0 and said in capsys.readouterr().out
     assert CostCurve.load(path) == measured  # stored in its place
+
+
+@pytest.mark.busy_check
+@pytest.mark.parametrize(
+    ("stored_ms", "now_ms", "timed_again"),
+    [(10.0, 4.0, True), (10.0, 6.0, False), (1.0, 50.0, False)],
+)
+def test_a_curve_timed_while_the_machine_was_busy_is_timed_again(
+    llama, tmp_path, monkeypatch, capsys, stored_ms, now_ms, timed_again
+):
+    """Kept while its one-token figure is at most twice what one costs now; a slow spell now
+    (the last case) keeps it too. The clock is the injected profile's."""
+    module = importlib.import_module("draftsmith.build.cost_curve")
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    path = CostCurve.default_path("tiny", "float32", "cpu")
+    stored = timed_here([1, 2], [stored_ms / 1e3, 2 * stored_ms / 1e3])
+    stored.save(path)
+    checks = []
+
+    def profile_now(target, *, sizes, context, rows, repeats):
+        checks.append((sizes, context, rows))
+        return timed_here(sizes, [now_ms / 1e3])
+
+    monkeypatch.setattr(module, "profile_target", profile_now)
+    measured = module.cost_curve(llama, "tiny", max_tokens=4)
+    assert checks == [([1], stored.context, 1)]
+    assert (measured != stored) is timed_again
+    assert ("timed while the machine was busy" in capsys.readouterr().out) is timed_again
+    assert CostCurve.load(path) == measured
 
 
 def test_a_cpus_name_holds_its_model_and_matrix_instructions():
