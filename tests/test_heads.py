@@ -491,3 +491,15 @@ def test_lagged_features_keep_every_committed_rows_feature_through_growth_and_re
         features.rows(6, 8)  # released after the second round
     with pytest.raises(ValueError, match="commit needs"):
         features.append(torch.randn(1, 3), 2)
+
+
+def test_peagle_mask_feature_starts_at_the_samples_mean_feature(llama):
+    """fit_to_sample: the unknown feature of a mask row starts as the average one (after
+    EAGLE-3's fc initialisation), so the mask rows start on the scale fc was fitted to."""
+    head = build_head("peagle", llama)
+    input_ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    sample = target_batch(llama, head, input_ids)
+    fresh = head.mask_hidden.detach().clone()
+    head.fit_to_sample(sample)
+    torch.testing.assert_close(head.mask_hidden.detach(), sample.features.mean((0, 1)))
+    assert not torch.allclose(head.mask_hidden.detach(), fresh)
