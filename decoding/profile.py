@@ -2,7 +2,7 @@
 
 One target forward of n new tokens after a cached context costs far less than n forwards of one
 token, until the device runs out of parallel work. `profile_target` measures that curve for
-n = 1..N and `profile_drafter` the drafter's cost per step; the cost-aware policy sizes each
+n = 1..N and `profile_drafter` the drafter's cost per forward; the cost-aware policy sizes each
 round's draft under them.
 """
 
@@ -48,7 +48,11 @@ class CostCurve:
     rows: int = 1
     """Rows in each timed forward: a batch of rows x tokens[i] new tokens (1: one sequence)."""
     draft_step_s: float | None = None
-    """Seconds per drafter step (one more drafted token), when a drafter was profiled."""
+    """Seconds of one drafter forward, when a drafter was profiled (`profile_drafter`): per
+    more drafted token where `draft_block` is 1, per round where it is a block."""
+    draft_block: int = 1
+    """Tokens that forward drafts (`Drafter.block_size`): 1 for a drafter stepping token by
+    token; a block drafter's block, drafted in one forward whatever the draft's length."""
     drafter: str = ""
     """The profiled drafter's spec; empty when none was."""
     target: str = ""
@@ -308,15 +312,21 @@ def profile_drafter(
     target_features: torch.Tensor | None,
     repeats: int = 5,
 ) -> float:
-    """Seconds per draft step: proposing 8 tokens minus proposing 1, over 7 (a round's fixed
-    costs, such as rerunning the newest token, cancel out), at least 0.
+    """Seconds of one drafter forward. A drafter stepping token by token
+    (`Drafter.block_size` 1): proposing 8 tokens minus proposing 1, over 7 (a round's fixed
+    costs, such as rerunning the newest token, cancel out), at least 0. A block drafter's cost
+    does not grow per token: proposing its whole block, the round's one forward.
 
     prompt_ids (T,) on the drafter's device (the timing waits for that device's queued work);
     target_features (T-1, F) for all prompt tokens but the last, or None.
     """
     drafter.start(prompt_ids, target_features)
     sampling = SamplingParams()
+    block = drafter.block_size
     # propose leaves the committed sequence alone: each call redrafts from the same point.
+    if block > 1:
+        run = [lambda: drafter.propose(block, sampling)]
+        return _interleaved_minima(run, repeats, prompt_ids.device)[0]
     one, eight = _interleaved_minima(
         [lambda: drafter.propose(1, sampling), lambda: drafter.propose(8, sampling)],
         repeats,

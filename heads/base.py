@@ -268,6 +268,9 @@ class Drafter(ABC):
     """Indices into the target's `hidden_states` output that this drafter reads (empty: none)."""
     state_size: int | None = None
     """Width of the hidden states `expose_states` hands out; None: the drafter has none."""
+    block_size: int = 1
+    """Tokens one drafter forward proposes: 1 for a drafter stepping token by token; a block
+    drafter's K, whose draft of up to K tokens costs one forward whatever its length."""
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:

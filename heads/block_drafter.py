@@ -43,6 +43,11 @@ class BlockDrafter(FeatureDrafter):
     features and token embeddings (P-EAGLE's). The cache, lagged features, commits and forks
     are `FeatureDrafter`'s."""
 
+    @property
+    def block_size(self) -> int:
+        """The head's block: one forward drafts up to `num_steps` tokens."""
+        return self.head.num_steps
+
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         size = min(request.shape.depth, self.head.num_steps)

@@ -11,6 +11,7 @@ import torch
 from conftest import tiny_model
 
 from draftsmith import __version__
+from draftsmith.artifact import save_artifact
 from draftsmith.commands.cli import main
 from draftsmith.decoding import profile
 from draftsmith.decoding.profile import (
@@ -20,6 +21,7 @@ from draftsmith.decoding.profile import (
     profile_drafter,
     profile_target,
 )
+from draftsmith.heads import build_head
 from draftsmith.heads.base import Draft, Drafter
 
 
@@ -133,6 +135,24 @@ def test_profile_drafter_cancels_the_fixed_cost_of_a_round(monkeypatch):
     step = profile_drafter(drafter, torch.arange(6), None, repeats=3)
     assert step == pytest.approx(0.01) and drafter.started == 1
     assert profile_drafter(StepDrafter(clock, fixed=0.5, step=0.0), torch.arange(6), None) == 0
+
+
+class BlockStub(StepDrafter):
+    """A block drafter: one forward (`fixed`) drafts up to `block_size` tokens."""
+
+    block_size = 4
+
+    def propose(self, shape, sampling, generator=None, stop=None, acceptance=None) -> Draft:
+        self.asked = shape
+        return super().propose(min(shape, self.block_size), sampling)
+
+
+def test_profile_drafter_times_a_block_drafters_round_not_a_seventh_of_it(monkeypatch):
+    """Proposing 8 tokens and proposing 1 cost a block drafter the same forward, so the
+    difference over 7 would be 0: its figure is the round, its one forward."""
+    drafter = BlockStub(FakeClock(monkeypatch), fixed=0.5, step=0.0)
+    assert profile_drafter(drafter, torch.arange(6), None, repeats=3) == pytest.approx(0.5)
+    assert drafter.asked == 4
 
 
 # -- the curve ------------------------------------------------------------------------------------
@@ -346,6 +366,22 @@ def test_profile_command_with_a_drafter_writes_to_the_default_path(
     main(["profile", *argv, "--repeats", "2"])
     saved = CostCurve.load(CostCurve.default_path(str(target_dir), "float32", "cpu"))
     assert saved.drafter == spec and saved.draft_step_s is not None and saved.draft_step_s >= 0
+
+
+def test_profile_command_reports_a_block_drafters_cost_per_round(target_dir, tmp_path, capsys):
+    head = build_head("peagle", tiny_model("llama", seed=0), {"num_steps": 3})
+    with torch.no_grad():
+        head.mask_hidden.add_(0.1)  # not the initialisation: a trained head to load
+    artifact = save_artifact(
+        head, tiny_model("llama", seed=0), tmp_path / "peagle", training={}, target_name_or_path=""
+    )
+    out = tmp_path / "curve.json"
+    argv = ["--target", str(target_dir), "--drafter", f"artifact:{artifact}", "--out", str(out)]
+    main(["profile", *argv, "--max-tokens", "2", "--context", "8", "--repeats", "1"])
+    saved = CostCurve.load(out)
+    assert saved.draft_block == 3 and saved.draft_step_s > 0
+    printed = capsys.readouterr().out
+    assert "draft round: " in printed and "one forward of up to 3 tokens" in printed
 
 
 def test_profile_command_rejects_a_bad_drafter_before_loading(capsys):

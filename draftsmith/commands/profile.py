@@ -23,7 +23,7 @@ class ProfileCommand(TargetPlacement):
     """Measure how long one target forward of n new tokens takes after a cached context, for n
     from 1 to --max-tokens, and save the curve as JSON: the decoder reads it to choose the draft
     size that gives the most accepted tokens per second on this device. Given a drafter, its cost
-    per draft step is measured too."""
+    per draft step (a block drafter's: per round, one forward) is measured too."""
 
     FLAG_RANGES: ClassVar[dict[str, Range]] = {
         "max_tokens": at_least(1),
@@ -35,7 +35,7 @@ class ProfileCommand(TargetPlacement):
     target: str
     """Zoo name, local folder or hub id of the target model."""
     drafter: str | None = None
-    """The drafter whose cost per draft step to measure too: draft-model:NAME_OR_PATH,
+    """The drafter whose cost per draft step (a block drafter: per round) to measure too: draft-model:NAME_OR_PATH,
     ngram[:MAX_N] or artifact:PATH; None: the target only."""
     dtype: Dtype = "auto"
     """Precision of the target and draft model (auto:
@@ -81,6 +81,7 @@ class ProfileCommand(TargetPlacement):
             drafter = build_drafter(self.drafter, model, tokenizer, dtype=self.dtype).drafter
             curve.draft_step_s = _draft_step(model, drafter, self.context, self.repeats)
             curve.drafter = self.drafter
+            curve.draft_block = drafter.block_size
         if report:
             out = self.out or CostCurve.default_path(
                 self.target, curve.dtype, curve.device, spread, rows=self.rows
@@ -92,8 +93,8 @@ class ProfileCommand(TargetPlacement):
 
 
 def _draft_step(model: PreTrainedModel, drafter: Drafter, context: int, repeats: int) -> float:
-    """The drafter's seconds per step after a random prompt of `context` tokens, with the
-    target's features of that prompt as the decoder would give them."""
+    """The drafter's seconds per forward (`profile_drafter`) after a random prompt of `context`
+    tokens, with the target's features of that prompt as the decoder would give them."""
     import torch
 
     from draftsmith.core.target import Target
@@ -115,5 +116,10 @@ def format_curve(curve: CostCurve) -> str:
     for n, seconds in zip(curve.tokens, curve.verify_s, strict=True):
         lines.append(f"{n:>6}  {seconds * 1e3:>9.3f}  {curve.relative(n):>9.2f}")
     if curve.draft_step_s is not None:
-        lines.append(f"draft step: {curve.draft_step_s * 1e3:.3f} ms ({curve.drafter})")
+        ms = f"{curve.draft_step_s * 1e3:.3f} ms"
+        if curve.draft_block > 1:
+            lines.append(f"draft round: {ms}, one forward of up to {curve.draft_block} tokens")
+        else:
+            lines.append(f"draft step: {ms} a token")
+        lines[-1] += f" ({curve.drafter})"
     return "\n".join(lines)
