@@ -1,7 +1,7 @@
 """Drafters: the modules that propose tokens for a target, behind one `Drafter` interface.
 
 Importing this package registers every built-in kind: the draft-model and n-gram drafters and
-the trainable heads (medusa, mtp, eagle, eagle3, peagle, distilled), each with its typed config."""
+the trainable heads (medusa, mtp, eagle, eagle3, peagle, dflash, distilled), each with its typed config."""
 
 from draftsmith.heads.base import (
     AcceptanceFn,
@@ -14,6 +14,7 @@ from draftsmith.heads.base import (
     drafter_kinds,
     register_drafter,
 )
+from draftsmith.heads.dflash import DFlashConfig, DFlashHead
 from draftsmith.heads.distilled import DistilledConfig, DistilledHead
 from draftsmith.heads.draft_model import DraftModelDrafter
 from draftsmith.heads.eagle import EagleConfig, EagleHead
@@ -35,6 +36,8 @@ from draftsmith.heads.vocab import DraftVocabConfig, build_draft_vocab
 
 __all__ = [
     "AcceptanceFn",
+    "DFlashConfig",
+    "DFlashHead",
     "DistilledConfig",
     "DistilledHead",
     "Draft",

@@ -52,7 +52,7 @@ class BlockDrafter(FeatureDrafter):
     def draft(self, request: DraftRequest) -> Draft:
         size = min(request.shape.depth, self.head.num_steps)
         with self.packed_weights():
-            hidden = self._block(size - 1)  # (1, size, H)
+            hidden = self._block(size)  # (1, size, H)
         if request.shape.is_chain:
             builder = DraftBuilder(request, max_draft_tokens=size, support=self._d2t)
             for logits in self._target_logits(hidden):
@@ -65,10 +65,12 @@ class BlockDrafter(FeatureDrafter):
         by_depth = self._draft_logits(hidden)  # (size, V_d): row d for the nodes of depth d + 1
         return tree.grow(by_depth[0], lambda nodes: by_depth[[tree.depths[n] for n in nodes]])
 
-    def _block(self, masked: int) -> torch.Tensor:
-        """One head forward over the committed rows not yet cached and `masked` mask rows
+    def _block(self, size: int) -> torch.Tensor:
+        """One head forward over the committed rows not yet cached and `size - 1` mask rows
         (none: no forward where every committed row is cached); returns the predicted features
-        (1, 1 + masked, H) of the newest committed row and of the mask rows, in block order."""
+        (1, size, H) of the newest committed row and of the mask rows, in block order: a
+        sibling block drafter overrides this alone."""
+        masked = size - 1
         start, stop = len(self._own), len(self._committed)
         if start == stop and masked == 0:
             return self._newest

@@ -41,6 +41,19 @@ def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
     return tuple(min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3))
 
 
+def resolve_feature_layers(text: PretrainedConfig, feature_layers: list[int] | None) -> tuple:
+    """`feature_layers` (None: `default_feature_layers`) as indices 0 .. N into the target's
+    hidden_states, negative ones counted from the end; a ValueError outside them."""
+    layers = text.num_hidden_layers
+    feature_layers = feature_layers or default_feature_layers(layers)
+    if any(not -layers - 1 <= i <= layers for i in feature_layers):
+        raise ValueError(
+            f"feature_layers must index the target's hidden_states (0 .. {layers}), "
+            f"got {list(feature_layers)}"
+        )
+    return tuple(i % (layers + 1) for i in feature_layers)
+
+
 @dataclass(kw_only=True)
 class Eagle3Config(DraftVocabConfig, StepsConfig):
     """EAGLE-3 head hyper-parameters."""
@@ -138,16 +151,9 @@ class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
     def __init__(self, target_config: PretrainedConfig, config: Eagle3Config) -> None:
         super().__init__()
         text = text_config(target_config)
-        layers = text.num_hidden_layers
-        feature_layers = config.feature_layers or default_feature_layers(layers)
-        if any(not -layers - 1 <= i <= layers for i in feature_layers):
-            raise ValueError(
-                f"feature_layers must index the target's hidden_states (0 .. {layers}), "
-                f"got {list(feature_layers)}"
-            )
         vocab, hidden = text.vocab_size, text.hidden_size
         self.init_draft_vocab(vocab, config.draft_vocab_size)
-        self.target_feature_layers = tuple(i % (layers + 1) for i in feature_layers)
+        self.target_feature_layers = resolve_feature_layers(text, config.feature_layers)
         # The layers as read, so the saved config does not depend on this version's defaults.
         self.config = replace(config, feature_layers=list(self.target_feature_layers))
         self.num_steps, self.hidden_size = config.num_steps, hidden

@@ -22,6 +22,8 @@ HEADS = {
     "eagle3-reduced": ("eagle3", {"num_steps": 2, "draft_vocab_size": 64}),
     "peagle": ("peagle", {"num_steps": 3, "feature_layers": [0, 1, 2]}),
     "peagle-reduced": ("peagle", {"num_steps": 3, "draft_vocab_size": 64}),
+    "dflash": ("dflash", {"num_steps": 3, "feature_layers": [0, 1, 2], "num_layers": 2}),
+    "dflash-reduced": ("dflash", {"num_steps": 3, "draft_vocab_size": 64}),
     "distilled": ("distilled", {}),
     "distilled-lora": ("distilled", {"lora_rank": 4}),
 }

@@ -162,7 +162,7 @@ def _rotary_frequencies(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: b for n, b in module.named_buffers() if n.rpartition(".")[2] in ROTARY_BUFFERS}
 
 
-@pytest.mark.parametrize("name", ["eagle", "eagle3", "peagle", "distilled"])
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "peagle", "dflash", "distilled"])
 def test_a_head_on_a_bf16_target_keeps_its_rotary_frequencies_in_float32(artifacts, name):
     trained, path = artifacts(name)
     half = tiny_model("llama", seed=0).to(torch.bfloat16)

@@ -55,7 +55,17 @@ def _drafter(kind: str, target) -> Drafter:
 @pytest.mark.parametrize("policy", [CHAIN, TREE, SIBLINGS], ids=["chain", "tree", "siblings"])
 @pytest.mark.parametrize(
     "kind",
-    ["perturbed", "perturbed-together", "unrelated", "ngram", "eagle", "eagle3", "peagle", "mtp"],
+    [
+        "perturbed",
+        "perturbed-together",
+        "unrelated",
+        "ngram",
+        "eagle",
+        "eagle3",
+        "peagle",
+        "dflash",
+        "mtp",
+    ],
 )
 def test_each_row_equals_its_prompt_decoded_alone(llama, kind, policy):
     decoder = SpeculativeDecoder(llama, _drafter(kind, llama), policy=policy)

@@ -55,6 +55,7 @@ def test_drafter_without_confidence_is_a_clear_error(llama):
     [
         ("eagle3-reduced", 256),
         ("peagle-reduced", 256),
+        ("dflash-reduced", 256),
         ("medusa", 256),
         ("mtp-reduced", 256),
         ("eagle3", 6),

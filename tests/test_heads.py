@@ -103,6 +103,8 @@ READS = {
     "eagle3-reduced": (0, -1),
     "peagle": ("t", -1),
     "peagle-reduced": ("t", -1),
+    "dflash": ("t", -1),
+    "dflash-reduced": ("t", -1),
     "distilled": (0, None),
     "distilled-lora": (0, None),
 }
@@ -375,6 +377,30 @@ def test_own_cache_after_decoding_equals_a_fresh_prefill(name, trained):
         _assert_rows_equal(own.kv, fresh_own.kv, len(own))
 
 
+def test_dflash_context_after_decoding_equals_a_fresh_one(trained):
+    """A DFlash drafter's context grows round by round from the features each commit brings:
+    after rounds with rejections it holds exactly what a fresh drafter computes from the
+    committed tokens' features, every position before the newest token and no other."""
+    target, head = trained("dflash")
+    drafter = head.as_drafter(target)
+    decoder = SpeculativeDecoder(target, drafter, policy=FixedPolicy(max_draft_tokens=3))
+    result = decoder.generate([40, 41], max_new_tokens=20)
+    assert 0 < result.stats.accepted < result.stats.drafted
+    committed = torch.tensor([40, 41, *result.tokens])
+    drafter.propose(3, SamplingParams())  # takes in the last round's features
+
+    fresh = head.as_drafter(target)
+    features = target_batch(target, head, committed[None]).features
+    fresh.start(committed, features[0, :-1])
+    fresh.propose(3, SamplingParams())
+    for (keys, values), (fresh_keys, fresh_values) in zip(
+        drafter._context, fresh._context, strict=True
+    ):
+        assert keys.shape[2] == committed.numel() - 1
+        torch.testing.assert_close(keys, fresh_keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(values, fresh_values, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", HEADS)
 def test_stop_callback_and_draft_caps(name, llama):
     head = build_head(name, llama)
@@ -398,8 +424,9 @@ def test_stop_callback_and_draft_caps(name, llama):
     whole = confidence_signals(draft.logits)
     for name in ("top1_prob", "margin", "entropy"):
         torch.testing.assert_close(read[name], whole[name])
-    # K - 1 Medusa heads after head 0, K MTP modules, a block of K for P-EAGLE
-    cap = {"medusa": head.num_steps - 1, "mtp": head.num_steps, "peagle": head.num_steps}
+    # K - 1 Medusa heads after head 0, K MTP modules, a block of K for P-EAGLE and DFlash
+    cap = {"medusa": head.num_steps - 1, "mtp": head.num_steps}
+    cap |= {kind: head.num_steps for kind in ("peagle", "dflash")}
     cap = cap.get(head.kind, 6)
     assert len(drafter.propose(6, SamplingParams())) == cap
     assert len(drafter.propose(0, SamplingParams())) == 0
@@ -428,7 +455,7 @@ def test_set_draft_vocab_rejects_maps_that_are_not_inverse(llama):
     assert torch.equal(head.draft_to_target(), d2t)
 
 
-@pytest.mark.parametrize("name", ["medusa-reduced", "mtp-reduced"])
+@pytest.mark.parametrize("name", ["medusa-reduced", "mtp-reduced", "dflash-reduced"])
 def test_shared_lm_head_heads_score_the_draft_vocabulary_rows(name, llama):
     """A head sharing the target's LM head over a reduced vocabulary gives exactly the full head's
     logits at the draft vocabulary's target ids."""
@@ -450,7 +477,7 @@ def test_shared_lm_head_heads_score_the_draft_vocabulary_rows(name, llama):
 
 
 @pytest.mark.parametrize(
-    "name", ["eagle3-reduced", "peagle-reduced", "medusa-reduced", "mtp-reduced"]
+    "name", ["eagle3-reduced", "peagle-reduced", "dflash-reduced", "medusa-reduced", "mtp-reduced"]
 )
 def test_reduced_vocab_puts_q_on_the_target_vocabulary(name, trained):
     target, head = trained(name)

@@ -933,18 +933,19 @@ class ForwardClock:
 
 
 @pytest.mark.parametrize(
-    ("kind", "per_token_s", "four_tokens_s"), [("peagle", 0.0, 1.0), ("eagle3", 1.0, 4.0)]
+    ("kind", "per_token_s", "four_tokens_s"),
+    [("peagle", 0.0, 1.0), ("dflash", 0.0, 1.0), ("eagle3", 1.0, 4.0)],
 )
 def test_the_cost_model_prices_a_drafter_by_its_forwards(kind, per_token_s, four_tokens_s):
     """A block drafter's round is one head forward, however many tokens it drafts: on a clock
-    that moves 1 s in each head (and target) forward, the cost-aware policy fits P-EAGLE's
-    drafting at 1 s a round and nothing a token, EAGLE-3's (a forward a token: the catching up
-    on the committed tokens drafts the first) at 1 s a token."""
+    that moves 1 s in each head (and target) forward, the cost-aware policy fits P-EAGLE's and
+    DFlash's drafting at 1 s a round and nothing a token, EAGLE-3's (a forward a token: the
+    catching up on the committed tokens drafts the first) at 1 s a token."""
     target = tiny_model("llama", seed=0)
     head = build_head(kind, target, {"num_steps": 4})
     clock = ForwardClock()
     clock.on(target)
-    clock.on(head.midlayer)
+    clock.on(head.layers[0] if kind == "dflash" else head.midlayer)  # one layer: one forward
     policy = CostAwarePolicy(
         clock=clock, max_draft_tokens=4, cost=_curve([1.0] * 6), patience=1e9, recalibrate=False
     )

@@ -180,13 +180,16 @@ def _model_sequence_distribution(model, params: SamplingParams, first: int, leng
 @pytest.mark.parametrize(
     "tree", [None, TreeShape(top_k=2, depth=3, total_tokens=5)], ids=["chain", "tree"]
 )
-def test_a_block_drafters_sequences_follow_the_target(tree):
-    """P-EAGLE drafts a block's tokens from distributions that ignore the tokens drafted before
-    them: verified by the rejection rule, the output still follows the target."""
+@pytest.mark.parametrize("kind", ["peagle", "dflash"])
+def test_a_block_drafters_sequences_follow_the_target(kind, tree):
+    """A block drafter (P-EAGLE, DFlash) drafts a block's tokens from distributions that
+    ignore the tokens drafted before them: verified by the rejection rule, the output still
+    follows the target."""
     target = tiny_model("llama", seed=4, vocab_size=4)
-    head = build_head("peagle", target, {"num_steps": 3})
+    head = build_head(kind, target, {"num_steps": 3})
     with torch.no_grad():  # a head whose drafts the target sometimes takes, sometimes not
-        head.lm_head.weight.mul_(40.0)
+        # the weight just before the LM head (DFlash shares the target's, left alone)
+        (head.lm_head if kind == "peagle" else head.norm).weight.mul_(40.0)
     policy = FixedPolicy(max_draft_tokens=3) if tree is None else FixedPolicy(tree=tree)
     decoder = SpeculativeDecoder(target, head.as_drafter(target), policy=policy)
     counts, drafted, accepted, n = Counter(), 0, 0, 1200

@@ -394,12 +394,13 @@ def test_unknown_head_kind_is_a_clear_error(tmp_path, corpus, target, tokenizer)
 
 TRAINABLE = [
     kind
-    for kind in ("medusa", "mtp", "eagle", "eagle3", "peagle", "distilled")
+    for kind in ("medusa", "mtp", "eagle", "eagle3", "peagle", "dflash", "distilled")
     if issubclass(drafter_class(kind), DraftHead)
 ]
 HEAD_ARGS = {
     "eagle3": {"draft_vocab_size": 64, "num_steps": 2},
     "peagle": {"draft_vocab_size": 64, "num_steps": 3},
+    "dflash": {"draft_vocab_size": 64, "num_steps": 3},
     "medusa": {"num_steps": 2},
     "distilled": {"layers": [0]},
 }
@@ -419,12 +420,14 @@ def test_every_real_head_kind_trains_and_exports(kind, tmp_path, corpus, target,
     assert drafter.vocab_size == target.config.vocab_size
 
 
-def test_a_few_steps_of_a_peagle_head_lower_its_loss(tmp_path, corpus, target, tokenizer):
+@pytest.mark.parametrize("kind", ["peagle", "dflash"])
+def test_a_few_steps_of_a_block_head_lower_its_loss(kind, tmp_path, corpus, target, tokenizer):
     """The block objective trains: the loss over every depth falls, and every depth (the
-    newest token's row, then its mask rows) agrees with the target somewhere held out."""
-    out = tmp_path / "peagle"
+    block's first prediction, then the mask rows after it) agrees with the target somewhere
+    held out."""
+    out = tmp_path / kind
     head_args = {"num_steps": 3, "draft_vocab_size": 64}
-    raw = recipe(corpus, out, head="peagle", head_args=head_args, max_steps=16, lr=3e-3)
+    raw = recipe(corpus, out, head=kind, head_args=head_args, max_steps=16, lr=3e-3)
     result = train(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
     losses = [r["loss"] for r in metrics(out, "train")]
     assert sum(losses[-3:]) < 0.85 * sum(losses[:3])

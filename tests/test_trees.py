@@ -418,7 +418,7 @@ def test_draft_model_cache_after_a_tree_round_equals_a_fresh_prefill(llama):
 
 
 @pytest.mark.parametrize(
-    "name", ["medusa", "mtp", "eagle", "eagle3", "peagle", "draft-model", "ngram"]
+    "name", ["medusa", "mtp", "eagle", "eagle3", "peagle", "dflash", "draft-model", "ngram"]
 )
 def test_every_drafter_kind_branches(name, llama):
     if name == "draft-model":
@@ -434,7 +434,9 @@ def test_every_drafter_kind_branches(name, llama):
     assert int(draft.depths.max()) < len(draft) <= TREE.max_tokens  # branches, within budget
 
 
-@pytest.mark.parametrize("name", ["medusa", "mtp", "eagle", "eagle3", "peagle", "draft-model"])
+@pytest.mark.parametrize(
+    "name", ["medusa", "mtp", "eagle", "eagle3", "peagle", "dflash", "draft-model"]
+)
 def test_every_drafter_kind_samples_its_tree(name, llama):
     """At temperature 1 each node carries the q it was drawn from (its elder siblings' tokens
     taken out), and the decoder runs sampled trees round after round."""
