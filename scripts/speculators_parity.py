@@ -1,4 +1,4 @@
-"""EAGLE-3 and P-EAGLE parity against the speculators package's own model classes (code no one
+"""EAGLE-3, P-EAGLE and DFlash parity against the speculators package's own model classes (code no one
 here wrote).
 
 Runs in the separate environment `scripts/speculators_env.sh` makes (speculators pins older
@@ -22,6 +22,15 @@ transformers and datasets than draftsmith), driven by tests/test_speculators_par
     python scripts/speculators_parity.py peagle-make VERIFIER OUT LAYERS DRAFT_VOCAB MASK_ID DEPTHS
         Build a random P-EAGLE head with speculators as `make` does (mask token MASK_ID, DEPTHS
         speculative tokens a block) and save it to OUT.
+    python scripts/speculators_parity.py dflash-logits FOLDER INPUTS OUT
+        Load FOLDER (speculators' dflash format, its verifier a local folder, from which
+        speculators takes the embeddings and LM head) with DFlashDraftModel and write the
+        logits of every block row (the anchor's, then its mask rows') of every anchor
+        t < T - block_size, anchor by anchor, for INPUTS (`hidden_states` (1, T, 3H), row t the
+        target features of position t itself; `input_ids` (1, T)) to OUT.
+    python scripts/speculators_parity.py dflash-make VERIFIER OUT LAYERS DRAFT_VOCAB MASK_ID BLOCK LAYERS_N
+        Build a random DFlash head with speculators (feature layers LAYERS, the draft vocabulary
+        of `make`, mask token MASK_ID, block_size BLOCK, LAYERS_N decoder layers) and save it.
 
 Offline throughout: the verifier is a local folder, never a hub id.
 """
@@ -36,6 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from speculators.losses import resolve_loss_config  # noqa: E402
+from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: E402
 from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig  # noqa: E402
 from speculators.models.peagle import core as peagle_core  # noqa: E402
@@ -100,6 +110,58 @@ def peagle_logits(folder: str, inputs: str, out: str) -> None:
     )
 
 
+def dflash_logits(folder: str, inputs: str, out: str) -> None:
+    config = DFlashSpeculatorConfig.from_pretrained(folder)
+    config.transformer_layer_config._attn_implementation = "eager"  # a dense mask on the CPU
+    model = DFlashDraftModel(config)
+    missing, unexpected = model.load_state_dict(
+        load_file(os.path.join(folder, "model.safetensors")), strict=False
+    )
+    shared = ("verifier_", "embed_tokens.") + (() if model.use_draft_vocab else ("lm_head.",))
+    missing = [n for n in missing if not n.startswith(shared)]
+    if missing or unexpected:
+        sys.exit(f"speculators did not load {folder}: missing {missing}, unexpected {unexpected}")
+    model.load_verifier_weights()  # the embeddings (and full LM head) from the local verifier
+    rows = load_file(inputs)["input_ids"].shape[1]
+    write_logits(
+        model.eval(),
+        inputs,
+        out,
+        loss_mask=torch.ones(1, rows),
+        verifier_last_hidden_states=torch.zeros(
+            1, rows, config.transformer_layer_config.hidden_size
+        ),
+        max_anchors=rows - model.block_size,  # every anchor it may take: sorted, no sampling
+        loss_config=resolve_loss_config("kl_div", "eager"),
+    )
+
+
+def _draft_vocab(verifier: str, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """speculators' (t2d mask, d2t offsets) of the DRAFT_VOCAB // 2 lowest ids and every third."""
+    vocab = AutoConfig.from_pretrained(verifier).vocab_size
+    chosen = sorted(set(range(draft_vocab // 2)) | set(range(0, vocab, 3)))[:draft_vocab]
+    ids = torch.tensor(chosen)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return t2d, ids - torch.arange(draft_vocab)
+
+
+def _perturbed(model, prefixes: tuple[str, ...]) -> None:
+    """Move the parameters named with `prefixes` off their initialisation (norms start at one),
+    reproducibly."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith(prefixes):
+                p.add_(torch.randn(p.shape) * 0.05)
+
+
+def dflash_make(verifier: str, out: str, layers: str, draft_vocab: str, *args: str) -> None:
+    mask_id, block, depth = (int(a) for a in args)
+    make(verifier, out, layers, int(draft_vocab), False, DFlashDraftModel, depth=depth,
+         perturb=("layers.", "fc.", "hidden_norm.", "norm."),  # its LM head is frozen
+         block_size=block, mask_token_id=mask_id)  # fmt: skip
+
+
 def make(
     verifier: str,
     out: str,
@@ -107,16 +169,13 @@ def make(
     draft_vocab: int,
     norm_before_residual: bool,
     model_class=Eagle3DraftModel,
+    depth: int = 1,
+    perturb: tuple[str, ...] = ("layers.", "fc.", "norm.", "lm_head."),
     **extra,
 ) -> None:
-    vocab = AutoConfig.from_pretrained(verifier).vocab_size
-    chosen = sorted(set(range(draft_vocab // 2)) | set(range(0, vocab, 3)))[:draft_vocab]
-    ids = torch.tensor(chosen)
-    d2t = ids - torch.arange(draft_vocab)  # speculators' offsets
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[ids] = True
+    t2d, d2t = _draft_vocab(verifier, draft_vocab)
     layer = AutoConfig.from_pretrained(verifier).to_dict()
-    layer.update(num_hidden_layers=1, architectures=None)
+    layer.update(num_hidden_layers=depth, architectures=None)
     torch.manual_seed(0)
     model = model_class.from_training_args(
         verifier_config=LlamaConfig(**layer),
@@ -130,10 +189,7 @@ def make(
         draft_attn_impl="sdpa",
         **extra,
     )
-    with torch.no_grad():  # off the initialisation (norms start at one), reproducibly
-        for name, p in model.named_parameters():
-            if name.startswith(("layers.", "fc.", "norm.", "lm_head.")):
-                p.add_(torch.randn(p.shape) * 0.05)
+    _perturbed(model, perturb)
     model.save_pretrained(out)
 
 
@@ -149,5 +205,9 @@ if __name__ == "__main__":
         verifier, out, layers, vocab, mask_id, depths = args
         make(verifier, out, layers, int(vocab), False, PEagleDraftModel,
              mask_token_id=int(mask_id), num_depths=int(depths))  # fmt: skip
+    elif command == "dflash-logits":
+        dflash_logits(*args)
+    elif command == "dflash-make":
+        dflash_make(*args)
     else:
         sys.exit(__doc__)

@@ -37,6 +37,21 @@ def build_head(name: str, target) -> DraftHead:
     return heads.build_head(kind, target, head_args)
 
 
+def moved_head(kind: str, target, **args) -> DraftHead:
+    """A head of `kind` with every weight moved off its initialisation (seeded), and a draft
+    vocabulary of that many drafted ids when draft_vocab_size is given: what an export and its
+    parity checks should carry over exactly."""
+    head = heads.build_head(kind, target, args)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    if args.get("draft_vocab_size"):
+        counts = torch.rand(target.config.vocab_size, generator=gen)
+        head.set_draft_vocab(*build_draft_vocab(counts, args["draft_vocab_size"]))
+    return head.eval()
+
+
 def target_batch(target, head: DraftHead, input_ids: torch.Tensor) -> TargetBatch:
     """What the trainer hands a head: the target's logits and the features the head reads
     (every position trained on)."""

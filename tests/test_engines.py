@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from conftest import tiny_model
-from head_helpers import target_batch
+from head_helpers import moved_head, target_batch
 from safetensors.torch import load_file, save_file
 
 from draftsmith import load_drafter
@@ -22,7 +22,6 @@ from draftsmith.artifact.engines.conventions import (
 )
 from draftsmith.commands.cli import main
 from draftsmith.core.sampling import SamplingParams
-from draftsmith.heads import build_draft_vocab, build_head
 
 LAYERS = 8  # EAGLE-3's default feature layers (2, 4, 5) exist and no format refuses them
 
@@ -30,20 +29,6 @@ LAYERS = 8  # EAGLE-3's default feature layers (2, 4, 5) exist and no format ref
 @pytest.fixture(scope="module")
 def target():
     return tiny_model("llama", seed=0, num_hidden_layers=LAYERS)
-
-
-def _head(kind: str, target, **args):
-    """A head of `kind` with every weight moved off its initialisation (seeded), and a draft
-    vocabulary of 64 drafted ids when draft_vocab_size is given."""
-    head = build_head(kind, target, args)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    if args.get("draft_vocab_size"):
-        counts = torch.rand(target.config.vocab_size, generator=gen)
-        head.set_draft_vocab(*build_draft_vocab(counts, args["draft_vocab_size"]))
-    return head.eval()
 
 
 def _drafts(head, target, prompt=(5, 6, 7, 8, 9)):
@@ -67,18 +52,28 @@ CASES = [
         {"num_steps": 3, "draft_vocab_size": 64, "norm_before_residual": True},
         "speculators",
     ),
+    ("dflash", {"num_steps": 3}, "speculators"),
+    (
+        "dflash",
+        {"num_steps": 3, "draft_vocab_size": 64, "num_layers": 2, "mask_token_id": 9},
+        "speculators",
+    ),
     ("medusa", {"num_steps": 4}, "vllm-medusa"),
     ("medusa", {"num_steps": 3, "draft_vocab_size": 64}, "vllm-medusa"),
 ]
 
 
-LAYOUTS = {("eagle3", "sglang"): "eagle", ("peagle", "speculators"): "speculators-peagle"}
+LAYOUTS = {
+    ("eagle3", "sglang"): "eagle",
+    ("peagle", "speculators"): "speculators-peagle",
+    ("dflash", "speculators"): "speculators-dflash",
+}
 """The layout an export is read back as, where it is not named as the format."""
 
 
 @pytest.mark.parametrize(("kind", "args", "fmt"), CASES)
 def test_export_then_import_gives_the_same_drafts(kind, args, fmt, target, tmp_path):
-    head = _head(kind, target, **args)
+    head = moved_head(kind, target, **args)
     export_head(head, target, tmp_path / "out", fmt, verifier="tiny")
     assert foreign_layout(tmp_path / "out") == LAYOUTS.get((kind, fmt), fmt)
     imported = import_head(tmp_path / "out", target)
@@ -95,7 +90,7 @@ def test_export_then_import_gives_the_same_drafts(kind, args, fmt, target, tmp_p
 def test_a_peagle_export_holds_the_mask_where_speculators_reads_it(target, tmp_path):
     """speculators' P-EAGLE: mask_hidden (1, 1, 3H) and the mask token's embedding as row
     mask_token_id of the embedding table, every other row the target's."""
-    head = _head("peagle", target, num_steps=4, mask_token_id=7)
+    head = moved_head("peagle", target, num_steps=4, mask_token_id=7)
     export_head(head, target, tmp_path / "spec", "speculators", verifier="org/tiny", draft_tokens=4)
     config = json.loads((tmp_path / "spec" / "config.json").read_text())
     assert config["speculators_model_type"] == "peagle" and config["mask_token_id"] == 7
@@ -114,6 +109,37 @@ def test_a_peagle_export_holds_the_mask_where_speculators_reads_it(target, tmp_p
     embed[3] += 1.0  # trained with its own embeddings, which draftsmith does not hold
     save_file(tensors, str(tmp_path / "spec" / "model.safetensors"))
     with pytest.raises(ValueError, match="is not the target's input embedding"):
+        import_head(tmp_path / "spec", target)
+
+
+def test_a_dflash_export_holds_the_block_and_only_the_heads_own_tensors(target, tmp_path):
+    """speculators' DFlash: block_size K + 1, the mask token id, the feature layers in vLLM's
+    numbering and the head's own tensors; of the target's shared LM head only the draft rows
+    (a reduced vocabulary), no embedding table. An LM head that is not the target's, or the
+    anchor-drafting variant, is refused on import."""
+    head = moved_head("dflash", target, num_steps=4, draft_vocab_size=64, mask_token_id=7)
+    export_head(head, target, tmp_path / "spec", "speculators", verifier="org/tiny", draft_tokens=4)
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert (config["block_size"], config["mask_token_id"], config["draft_vocab_size"]) == (5, 7, 64)
+    assert config["speculators_model_type"] == config["speculators_config"]["algorithm"] == "dflash"
+    assert config["aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert config["sample_from_anchor"] is False
+    tensors = load_file(str(tmp_path / "spec" / "model.safetensors"))
+    assert "embed_tokens.weight" not in tensors and "layers.0.self_attn.q_norm.weight" in tensors
+    lm_head = target.get_output_embeddings().weight
+    assert torch.equal(tensors["lm_head.weight"], lm_head[head.d2t])
+    assert torch.equal(d2t_from_offsets(tensors["d2t"]), head.d2t)
+
+    with pytest.raises(ValueError, match="blocks of 4 tokens.*--draft-tokens 4 or fewer"):
+        export_head(head, target, tmp_path / "long", "speculators", verifier="t", draft_tokens=5)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1.0  # trained its own LM head
+    save_file(tensors, str(tmp_path / "spec" / "model.safetensors"))
+    with pytest.raises(ValueError, match="is not the target's LM head"):
+        import_head(tmp_path / "spec", target)
+    config["sample_from_anchor"] = True
+    (tmp_path / "spec" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="sample_from_anchor"):
         import_head(tmp_path / "spec", target)
 
 
@@ -136,7 +162,7 @@ def test_feature_layers_are_numbered_as_each_engine_numbers_them():
 
 
 def test_exported_configs_say_what_the_engines_read(target, tmp_path):
-    head = _head("eagle3", target, draft_vocab_size=64)
+    head = moved_head("eagle3", target, draft_vocab_size=64)
     export_head(head, target, tmp_path / "spec", "speculators", verifier="org/tiny", draft_tokens=5)
     config = json.loads((tmp_path / "spec" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3"
@@ -165,7 +191,7 @@ def test_exported_configs_say_what_the_engines_read(target, tmp_path):
 
 def test_sglang_export_refuses_a_norm_before_fc_head_naming_speculators(target, tmp_path):
     """SGLang's EAGLE-3 loader skips input_norm.weight: the head would be served without it."""
-    head = _head("eagle3", target, norm_before_fc=True)
+    head = moved_head("eagle3", target, norm_before_fc=True)
     with pytest.raises(ValueError, match="norm_before_fc.*--format speculators"):
         export_head(head, target, tmp_path / "sgl", "sglang", verifier="t")
     assert not (tmp_path / "sgl").exists()
@@ -174,7 +200,7 @@ def test_sglang_export_refuses_a_norm_before_fc_head_naming_speculators(target, 
 def test_an_imported_head_on_a_bf16_target_keeps_its_rotary_frequencies_in_float32(
     target, tmp_path
 ):
-    head = _head("eagle3", target)
+    head = moved_head("eagle3", target)
     export_head(head, target, tmp_path / "spec", "speculators", verifier="t")
     half = copy.deepcopy(target).to(torch.bfloat16)
     imported = import_head(tmp_path / "spec", half)
@@ -186,14 +212,14 @@ def test_an_imported_head_on_a_bf16_target_keeps_its_rotary_frequencies_in_float
 
 def test_a_full_vocabulary_head_states_its_size_for_sglang(target, tmp_path):
     """SGLang reads a missing draft_vocab_size as 'use the target's LM head'."""
-    export_head(_head("eagle3", target), target, tmp_path / "sgl", "sglang", verifier="t")
+    export_head(moved_head("eagle3", target), target, tmp_path / "sgl", "sglang", verifier="t")
     config = json.loads((tmp_path / "sgl" / "config.json").read_text())
     assert config["draft_vocab_size"] == target.config.vocab_size
 
 
 def test_the_eagle_repository_layout_imports_with_its_default_layers(target, tmp_path):
     """The EAGLE repository writes SGLang's layout without eagle_config: layers 2, N//2, N-3."""
-    head = _head("eagle3", target, draft_vocab_size=64)
+    head = moved_head("eagle3", target, draft_vocab_size=64)
     export_head(head, target, tmp_path / "eagle", "sglang", verifier="t")
     config = json.loads((tmp_path / "eagle" / "config.json").read_text())
     del config["eagle_config"]
@@ -205,7 +231,7 @@ def test_the_eagle_repository_layout_imports_with_its_default_layers(target, tmp
 
 
 def test_the_medusa_repository_layout_imports(target, tmp_path):
-    head = _head("medusa", target, num_steps=4)
+    head = moved_head("medusa", target, num_steps=4)
     tensors, lm_head = {}, target.get_output_embeddings().weight.detach()
     for i, block in enumerate(head.heads[1:]):
         tensors[f"{i}.0.linear.weight"] = block.linear.weight.detach().clone()
@@ -242,12 +268,12 @@ def test_what_a_format_cannot_hold_is_refused_and_nothing_is_written(
     kind, args, fmt, message, target, tmp_path
 ):
     with pytest.raises(ValueError, match=message):
-        export_head(_head(kind, target, **args), target, tmp_path / "out", fmt, verifier="t")
+        export_head(moved_head(kind, target, **args), target, tmp_path / "out", fmt, verifier="t")
     assert list(tmp_path.iterdir()) == []  # no output folder, no temporary one
 
 
 def test_an_import_for_another_target_names_the_shapes(target, tmp_path):
-    export_head(_head("eagle3", target), target, tmp_path / "out", "speculators", verifier="t")
+    export_head(moved_head("eagle3", target), target, tmp_path / "out", "speculators", verifier="t")
     wider = tiny_model("llama", seed=0, num_hidden_layers=LAYERS, hidden_size=96)
     with pytest.raises(ValueError, match="hidden_size 64 .*target: 96"):
         import_head(tmp_path / "out", wider)
@@ -255,7 +281,11 @@ def test_an_import_for_another_target_names_the_shapes(target, tmp_path):
 
 def test_a_reduced_vocabulary_without_d2t_is_refused(target, tmp_path):
     export_head(
-        _head("eagle3", target, draft_vocab_size=64), target, tmp_path / "o", "sglang", verifier="t"
+        moved_head("eagle3", target, draft_vocab_size=64),
+        target,
+        tmp_path / "o",
+        "sglang",
+        verifier="t",
     )
     weights = tmp_path / "o" / "model.safetensors"
     tensors = load_file(str(weights))
@@ -270,7 +300,7 @@ def test_a_speculators_norm_before_residual_is_read_as_vllm_reads_it(
     trained, written, target, tmp_path
 ):
     """The flag decides the residual; vLLM reads an absent one as true, and so does the import."""
-    head = _head("eagle3", target, norm_before_residual=trained)
+    head = moved_head("eagle3", target, norm_before_residual=trained)
     export_head(head, target, tmp_path / "o", "speculators", verifier="t")
     file = tmp_path / "o" / "config.json"
     config = json.loads(file.read_text())
@@ -281,12 +311,12 @@ def test_a_speculators_norm_before_residual_is_read_as_vllm_reads_it(
     imported = import_head(tmp_path / "o", target)
     assert imported.config.norm_before_residual is trained
     torch.testing.assert_close(_drafts(imported, target).probs, _drafts(head, target).probs)
-    other = _head("eagle3", target, norm_before_residual=not trained)
+    other = moved_head("eagle3", target, norm_before_residual=not trained)
     assert not torch.allclose(_drafts(other, target).probs, _drafts(head, target).probs)
 
 
 def test_a_pickled_checkpoint_is_refused_with_the_conversion(target, tmp_path):
-    export_head(_head("eagle3", target), target, tmp_path / "o", "sglang", verifier="t")
+    export_head(moved_head("eagle3", target), target, tmp_path / "o", "sglang", verifier="t")
     (tmp_path / "o" / "model.safetensors").rename(tmp_path / "o" / "pytorch_model.bin")
     with pytest.raises(FileNotFoundError, match="pickled checkpoint.*safetensors"):
         import_head(tmp_path / "o", target)
@@ -300,7 +330,7 @@ def test_export_and_import_commands(target, byte_tokenizer, tmp_path):
     folder = tmp_path / "tiny-target"
     target.save_pretrained(folder)
     byte_tokenizer.save_pretrained(folder)
-    head = _head("eagle3", target, draft_vocab_size=64)
+    head = moved_head("eagle3", target, draft_vocab_size=64)
     save_artifact(head, target, tmp_path / "art", training={}, target_name_or_path=str(folder))
     main(
         [
@@ -332,7 +362,7 @@ def test_export_and_import_commands(target, byte_tokenizer, tmp_path):
 
 
 def test_calibrating_a_published_folder_asks_to_import_it_first(target, tmp_path, capsys):
-    export_head(_head("eagle3", target), target, tmp_path / "o", "sglang", verifier="t")
+    export_head(moved_head("eagle3", target), target, tmp_path / "o", "sglang", verifier="t")
     with pytest.raises(SystemExit):
         main(["calibrate", str(tmp_path / "o"), "--target", "t", "--data", "stdlib"])
     assert "import it first (draftsmith import" in capsys.readouterr().err
@@ -343,7 +373,7 @@ def test_a_qwen2_targets_head_exports_as_the_engines_llama_layer(fmt, tmp_path):
     """The published layer has no q/k/v bias, so a Qwen2 target's EAGLE-3 layer (built from
     Qwen2's classes) is the engines' Llama layer and round-trips."""
     qwen2 = tiny_model("qwen2", seed=0, num_hidden_layers=LAYERS)
-    head = _head("eagle3", qwen2)
+    head = moved_head("eagle3", qwen2)
     export_head(head, qwen2, tmp_path / "out", fmt, verifier="t")
     imported = import_head(tmp_path / "out", qwen2)
     assert torch.equal(_drafts(imported, qwen2).tokens, _drafts(head, qwen2).tokens)

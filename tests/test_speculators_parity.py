@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_model
+from head_helpers import moved_head
 from safetensors.torch import load_file, save_file
 
 from draftsmith.artifact.engines import export_head, import_head
@@ -129,13 +130,7 @@ def _our_block_logits(head, hidden, input_ids) -> torch.Tensor:
     ],
 )
 def test_speculators_loads_our_peagle_export_and_drafts_the_same_block(args, target, tmp_path):
-    head = build_head("peagle", target, args)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    if args.get("draft_vocab_size"):
-        head.set_draft_vocab(*build_draft_vocab(torch.rand(256, generator=gen), 64))
+    head = moved_head("peagle", target, **args)
     steps = args["num_steps"]
     export_head(head, target, tmp_path / "spec", "speculators", verifier="t", draft_tokens=steps)
     hidden, input_ids, inputs = _inputs(target, head, tmp_path)
@@ -156,3 +151,55 @@ def test_a_peagle_head_saved_by_speculators_imports_and_drafts_the_same(target, 
     theirs = load_file(str(tmp_path / "theirs.st"))["logits"]
     ours = _our_block_logits(head, hidden, input_ids)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def _dflash_inputs(target, head, tmp_path: Path) -> tuple[torch.Tensor, torch.Tensor, Path]:
+    """The target's real features (row t: position t itself, as DFlash's context reads them)
+    for a random sequence, saved for the speculators side."""
+    input_ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(3))
+    features, _, _ = Target(target, head.target_feature_layers).forward(input_ids)
+    path = tmp_path / "inputs.safetensors"
+    save_file({"hidden_states": features.contiguous(), "input_ids": input_ids}, str(path))
+    return features, input_ids, path
+
+
+def _dflash_parity(head, features, input_ids, theirs: torch.Tensor) -> None:
+    """Every mask row of every anchor t < T - (K + 1): speculators' (its anchor rows' logits,
+    which no loss reads, left out) against ours (forward_train's depth d at row t)."""
+    block = head.num_steps + 1
+    anchors = input_ids.shape[1] - block
+    batch = TargetBatch(input_ids, torch.ones_like(input_ids, dtype=torch.bool), features, None)
+    with torch.no_grad():
+        steps = head.forward_train(batch)
+    ours = torch.stack([logits[0, :anchors] for logits in steps], dim=1)  # (A, K, V_d)
+    theirs = theirs.reshape(anchors, block, -1)[:, 1:]
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"num_steps": 3},
+        {"num_steps": 4, "draft_vocab_size": 64, "num_layers": 2, "mask_token_id": 9},
+    ],
+)
+def test_speculators_loads_our_dflash_export_and_drafts_the_same_blocks(args, target, tmp_path):
+    head = moved_head("dflash", target, **args)
+    target.save_pretrained(tmp_path / "verifier")  # speculators reads the shared tensors there
+    verifier = str(tmp_path / "verifier")
+    export_head(head, target, tmp_path / "spec", "speculators", verifier=verifier)
+    features, input_ids, inputs = _dflash_inputs(target, head, tmp_path)
+    _speculators("dflash-logits", str(tmp_path / "spec"), str(inputs), str(tmp_path / "th.st"))
+    _dflash_parity(head, features, input_ids, load_file(str(tmp_path / "th.st"))["logits"])
+
+
+def test_a_dflash_head_saved_by_speculators_imports_and_drafts_the_same(target, tmp_path):
+    target.save_pretrained(tmp_path / "verifier")
+    made = str(tmp_path / "made")
+    _speculators("dflash-make", str(tmp_path / "verifier"), made, "2,4,5", "64", "9", "5", "2")
+    head = import_head(tmp_path / "made", target)
+    assert (head.num_steps, head.config.mask_token_id, len(head.layers)) == (4, 9, 2)
+    assert head.target_feature_layers == (2, 4, 5)
+    features, input_ids, inputs = _dflash_inputs(target, head, tmp_path)
+    _speculators("dflash-logits", made, str(inputs), str(tmp_path / "theirs.st"))
+    _dflash_parity(head, features, input_ids, load_file(str(tmp_path / "theirs.st"))["logits"])

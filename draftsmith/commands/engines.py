@@ -23,8 +23,8 @@ def _check_new_directory(out: Path) -> None:
 
 @dataclass(kw_only=True)
 class ExportCommand:
-    """Write a draftsmith artifact in a serving engine's format: speculators (EAGLE-3 or
-    P-EAGLE, what vLLM serves), sglang (EAGLE-3) or vllm-medusa (Medusa)."""
+    """Write a draftsmith artifact in a serving engine's format: speculators (EAGLE-3, P-EAGLE
+    or DFlash, what vLLM serves), sglang (EAGLE-3) or vllm-medusa (Medusa)."""
 
     FLAG_RANGES: ClassVar[dict[str, Range]] = {"draft_tokens": at_least(1)}
 
@@ -41,8 +41,8 @@ class ExportCommand:
     """The target as the engine should load it, written into speculators' config (vLLM serves
     the exported folder with it as the target); None: the target's local folder."""
     draft_tokens: int = 3
-    """Speculative tokens the speculators config proposes (P-EAGLE: the block vLLM drafts in
-    one forward, at most the head's num_steps)."""
+    """Speculative tokens the speculators config proposes (P-EAGLE, DFlash: the block vLLM
+    drafts in one forward, at most the head's num_steps)."""
     dtype: Dtype = "auto"
     """Precision of the target, and so of the exported weights (auto:
     bfloat16 on a GPU and on a CPU with bf16 matrix units, AMX or AVX512-BF16; float32

@@ -4,7 +4,7 @@ layouts, the EAGLE repository's or the Medusa repository's, as a draftsmith head
 
 | format | holds | written | read |
 |---|---|---|---|
-| speculators | EAGLE-3, P-EAGLE | `export --format speculators` (vLLM serves it) | yes |
+| speculators | EAGLE-3, P-EAGLE, DFlash | `export --format speculators` (vLLM serves it) | yes |
 | sglang | EAGLE-3 | `export --format sglang` | yes (also the EAGLE repository's layout) |
 | vllm-medusa | Medusa | `export --format vllm-medusa` | yes |
 | medusa-repo | Medusa | no | yes (`medusa_lm_head.safetensors`) |
@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from draftsmith.artifact.checks import check_tensors
 from draftsmith.artifact.engines.conventions import read_safetensors
+from draftsmith.artifact.engines.dflash import read_speculators_dflash, write_speculators_dflash
 from draftsmith.artifact.engines.eagle3 import (
     read_eagle,
     read_speculators,
@@ -39,7 +40,10 @@ from draftsmith.heads.trainable import DraftHead, head_class, head_config
 Writer = Callable[..., None]
 """writer(head, target, out, *, verifier, draft_tokens): the head in one format, written into out."""
 
-SPECULATORS_WRITERS: dict[str, Writer] = {"peagle": write_speculators_peagle}
+SPECULATORS_WRITERS: dict[str, Writer] = {
+    "peagle": write_speculators_peagle,
+    "dflash": write_speculators_dflash,
+}
 """speculators' writer of each kind it holds beside EAGLE-3 (`write_speculators`)."""
 
 EXPORTERS: Registry[Writer] = Registry("export format")
@@ -57,6 +61,7 @@ READERS: Registry[tuple[str, Callable[..., Any], tuple[str, ...]]] = Registry("e
 """Per layout: the head kind it holds, its reader and the safetensors files it keeps."""
 READERS.add("speculators", ("eagle3", read_speculators, ("model.safetensors",)))
 READERS.add("speculators-peagle", ("peagle", read_speculators_peagle, ("model.safetensors",)))
+READERS.add("speculators-dflash", ("dflash", read_speculators_dflash, ("model.safetensors",)))
 READERS.add("eagle", ("eagle3", read_eagle, ("model.safetensors",)))
 READERS.add("vllm-medusa", ("medusa", read_vllm_medusa, ("model.safetensors",)))
 READERS.add("medusa-repo", ("medusa", read_medusa_repo, ("medusa_lm_head.safetensors",)))
@@ -93,8 +98,8 @@ def foreign_layout(path: str | os.PathLike) -> str | None:
     if config is None or "draftsmith_version" in config:
         return None
     if "speculators_model_type" in config:
-        peagle = config["speculators_model_type"] == "peagle"
-        return "speculators-peagle" if peagle else "speculators"
+        kind = config["speculators_model_type"]
+        return f"speculators-{kind}" if kind in ("peagle", "dflash") else "speculators"
     if config.get("model_type") == "medusa":
         return "vllm-medusa"
     if "medusa_num_heads" in config:

@@ -121,6 +121,13 @@ def llama_layer_config(target_config: PretrainedConfig) -> LlamaConfig:
     )
 
 
+def same_tensors(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> bool:
+    """Whether two state dicts hold tensors of the same names and shapes."""
+    return {k: tuple(v.shape) for k, v in ours.items()} == {
+        k: tuple(v.shape) for k, v in theirs.items()
+    }
+
+
 def check_layer_config(found: dict, target_config: PretrainedConfig, where: str) -> None:
     """A foreign head's layer config must describe the layer draftsmith builds from the target."""
     expected = llama_layer_config(target_config).to_dict()

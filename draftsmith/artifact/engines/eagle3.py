@@ -23,6 +23,7 @@ from draftsmith.artifact.engines.conventions import (
     engine_layer_ids,
     feature_layers_from_engine,
     llama_layer_config,
+    same_tensors,
     t2d_mask,
     write_checkpoint,
 )
@@ -93,25 +94,33 @@ def speculators_checkpoint(
         # vLLM/speculators numbering: id k is the input of target layer k (hidden_states[k]).
         "eagle_aux_hidden_state_layer_ids": ids,
         "transformer_layer_config": llama_layer_config(target.config).to_diff_dict(),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": draft_tokens,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {"name_or_path": verifier, "architectures": _architectures(target)},
-        },
+        "speculators_config": proposal_config("eagle3", draft_tokens, verifier, target),
     }
     tensors = _renamed(head, "layers.0.")
     tensors["embed_tokens.weight"] = target.get_input_embeddings().weight
     if head.draft_vocab_size is not None:  # speculators has no maps for a full vocabulary
         tensors["d2t"], tensors["t2d"] = d2t_offsets(head.d2t), t2d_mask(head.d2t, vocab)
     return config, tensors
+
+
+def proposal_config(
+    algorithm: str, draft_tokens: int, verifier: str, target: PreTrainedModel
+) -> dict[str, Any]:
+    """speculators' `speculators_config`: the algorithm, greedy proposals of `draft_tokens`
+    tokens, and the verifier vLLM serves the head with."""
+    return {
+        "algorithm": algorithm,
+        "default_proposal_method": "greedy",
+        "proposal_methods": [
+            {
+                "proposal_type": "greedy",
+                "speculative_tokens": draft_tokens,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "verifier": {"name_or_path": verifier, "architectures": _architectures(target)},
+    }
 
 
 def write_sglang(head: DraftHead, target: PreTrainedModel, out: Path) -> None:
@@ -177,9 +186,7 @@ def exportable(head: DraftHead, target: PreTrainedModel, kinds: tuple[str, ...] 
     with torch.device("meta"):  # shapes only
         engine = Eagle3DecoderLayer(llama_layer_config(target.config)).state_dict()
     ours = head.midlayer.state_dict()
-    if {k: tuple(v.shape) for k, v in engine.items()} != {
-        k: tuple(v.shape) for k, v in ours.items()
-    }:
+    if not same_tensors(ours, engine):
         raise ValueError(
             f"the head's layer (built from {type(target).__name__}) is not the engines' Llama "
             f"EAGLE-3 layer: its tensors are {sorted(ours)}, theirs {sorted(engine)}"
@@ -252,7 +259,7 @@ def read_speculators_layout(
         # vLLM reads an absent norm_before_residual as true, so the import does too.
         "norm_before_residual": bool(config.get("norm_before_residual", True)),
     }
-    return _draftsmith_head(config, renamed, feature_layers, variants, target, where)
+    return draftsmith_head(config, renamed, feature_layers, variants, target, where)
 
 
 def read_eagle(
@@ -279,7 +286,7 @@ def read_eagle(
             raise ValueError(
                 f"{where}: {flag}: true is an EAGLE-3 variant draftsmith's layer does not compute"
             )
-    return _draftsmith_head(config, tensors, feature_layers, variants, target, where)
+    return draftsmith_head(config, tensors, feature_layers, variants, target, where)
 
 
 def _check_one_layer(layer_config: dict, tensors: dict[str, torch.Tensor], where: Path) -> None:
@@ -292,7 +299,7 @@ def _check_one_layer(layer_config: dict, tensors: dict[str, torch.Tensor], where
         )
 
 
-def _draftsmith_head(
+def draftsmith_head(
     config: dict[str, Any],
     tensors: dict[str, torch.Tensor],
     feature_layers: list[int],
