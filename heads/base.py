@@ -332,7 +332,7 @@ class Drafter(ABC):
         states raise a ValueError."""
         raise ValueError(
             f"{type(self).__name__} has no hidden states behind its drafts, which a learned "
-            "acceptance head reads: use an eagle or eagle3 drafter"
+            "acceptance head reads: use an eagle, eagle3, peagle or dflash drafter"
         )
 
     @abstractmethod

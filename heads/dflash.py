@@ -237,6 +237,15 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         """Every position t an anchor: K logits (B, T, V_d), depth d at t predicting token
         t + 1 + d from the features of positions before t."""
+        return self.forward_states(batch)[0]
+
+    @property
+    def state_size(self) -> int:
+        return self.hidden_size
+
+    def forward_states(self, batch: TargetBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`forward_train`'s K logits and the block outputs (B, T, H) they are computed from
+        (what the drafter hands a learned acceptance head), depth by depth."""
         if batch.features is None:
             raise ValueError(f"{self.kind} reads target features: batch.features is None")
         input_ids = batch.input_ids
@@ -246,7 +255,8 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         block = positions + torch.arange(self.num_steps + 1, device=positions.device)[:, None]
         before = torch.ones(rows, rows, dtype=torch.bool).tril(-1)  # anchor t sees p < t
         hidden = self.run_block(self.block_ids(input_ids, self.num_steps), block, context, before)
-        return [self.logits(hidden[:, s]) for s in range(1, self.num_steps + 1)]
+        states = list(hidden[:, 1:].unbind(1))
+        return [self.logits(state) for state in states], states
 
     def as_drafter(self, target: PreTrainedModel) -> DFlashDrafter:
         self.bind_target(target)

@@ -102,7 +102,7 @@ class DraftHead(nn.Module, ABC):
         from; a ValueError for kinds that expose none (`state_size` None)."""
         raise ValueError(
             f"{self.kind} heads expose no hidden states behind their logits, which a learned "
-            "acceptance head reads: train one on an eagle or eagle3 head"
+            "acceptance head reads: train one on an eagle, eagle3, peagle or dflash head"
         )
 
     def fit_to_sample(self, sample: TargetBatch) -> None:

@@ -45,11 +45,12 @@ def target():
     return tiny_model("llama", seed=0)
 
 
-@pytest.fixture(scope="module")
-def heads(target):
-    """An EAGLE-3 head fitted on the target's greedy paths, and an acceptance head fitted on it."""
+@pytest.fixture(scope="module", params=["eagle3-reduced", "dflash-reduced"])
+def heads(target, request):
+    """A drafter head (EAGLE-3; DFlash, whose block outputs are its states) fitted on the
+    target's greedy paths, and an acceptance head fitted on it."""
     torch.manual_seed(0)
-    head = fit(build_head("eagle3-reduced", target), target, steps=30)
+    head = fit(build_head(request.param, target), target, steps=30)
     acceptance = AcceptanceHead(head.state_size, AcceptanceHeadConfig(width=16))
     batch = target_batch(target, head, training_ids(target))
     with torch.no_grad():

@@ -452,18 +452,20 @@ def test_the_head_is_fitted_to_the_leading_training_rows_once(
 # -- a learned acceptance head --------------------------------------------------------------------
 
 ACCEPTANCE = {"head": "eagle3", "head_args": {"num_steps": 2, "draft_vocab_size": 64}}
+DFLASH_ACCEPTANCE = {"head": "dflash", "head_args": {"num_steps": 2, "draft_vocab_size": 64}}
 
 
 def drafter_tensors(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run / "drafter" / "model.safetensors"))
 
 
+@pytest.mark.parametrize("drafter", [ACCEPTANCE, DFLASH_ACCEPTANCE], ids=["eagle3", "dflash"])
 def test_an_acceptance_head_trains_beside_the_drafter_without_changing_it(
-    tmp_path, corpus, target, tokenizer
+    drafter, tmp_path, corpus, target, tokenizer
 ):
     runs = {}
     for name, extra in (("plain", {}), ("with", {"acceptance_head": {"width": 16}})):
-        raw = recipe(corpus, tmp_path / name, **ACCEPTANCE, **extra, max_steps=6, lr=1e-3)
+        raw = recipe(corpus, tmp_path / name, **drafter, **extra, max_steps=6, lr=1e-3)
         runs[name] = train(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
     plain, joint = drafter_tensors(tmp_path / "plain"), drafter_tensors(tmp_path / "with")
     assert plain.keys() == joint.keys()

@@ -32,7 +32,8 @@ def build_acceptance_head(head: DraftHead, config: AcceptanceHeadConfig) -> Acce
     if head.state_size is None:
         raise ConfigError(
             f"acceptance_head: {head.kind} heads expose no hidden states behind their logits, "
-            "which the acceptance head reads: use an eagle or eagle3 head, or drop acceptance_head"
+            "which the acceptance head reads: use an eagle, eagle3, peagle or dflash head, or drop "
+            "acceptance_head"
         )
     return AcceptanceHead(head.state_size, config).float()
 
