@@ -15,6 +15,7 @@ from draftsmith.train.objectives import (
     Agreement,
     ObjectiveConfig,
     divergence,
+    dpace_weights,
     draft_objective,
     step_weights,
 )
@@ -156,6 +157,43 @@ def test_decay_weights_combine_the_steps():
     assert float(out.loss) == pytest.approx(float(expected), rel=1e-5)
 
 
+def test_dpace_weighs_each_step_by_what_the_chain_can_still_earn():
+    """Losses ln 2, ln 4, 0 give confidences 1/2, 1/4, 1, smoothed with alpha 1/2 to 3/4, 5/8,
+    1: prefix products 3/4, 15/32, 15/32, and step k weighs their sum from k on; a step not
+    counted adds nothing and weighs nothing."""
+    losses = torch.tensor([math.log(2), math.log(4), 0.0])[:, None]  # (K, positions)
+    every = torch.ones(3, 1, dtype=torch.bool)
+    weights = dpace_weights(losses, every, alpha=0.5)[:, 0]
+    torch.testing.assert_close(weights, torch.tensor([27 / 16, 15 / 16, 15 / 32]))
+    weights = dpace_weights(losses, torch.tensor([[True], [True], [False]]), alpha=0.5)[:, 0]
+    torch.testing.assert_close(weights, torch.tensor([39 / 32, 15 / 32, 0.0]))
+
+
+def test_dpace_weights_the_counted_positions_and_trains_every_step():
+    target = torch.randn(1, 8, 6)
+    steps = [torch.randn(1, 8, 6, requires_grad=True) for _ in range(3)]
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]])
+    config = ObjectiveConfig(step_weighting="dpace", dpace_alpha=0.3)
+    out = draft_objective(steps, target, mask, config)
+    per_position = torch.zeros(3, 1, 8)
+    counted = torch.zeros(3, 1, 8, dtype=torch.bool)
+    with torch.no_grad():
+        for k, logits in enumerate(steps):
+            n = 7 - k
+            per_position[k, :, :n] = divergence("forward_kl", logits[:, :n], target[:, k : k + n])
+            counted[k, :, :n] = mask[:, k : k + n].bool()
+    per_position = per_position.where(counted, 0.0)
+    weights = dpace_weights(per_position, counted, 0.3)
+    expected = (weights * per_position).sum() / counted.sum()
+    loss = out.loss.item()
+    assert loss == pytest.approx(float(expected), rel=1e-5)
+    assert loss != pytest.approx(
+        draft_objective(steps, target, mask, ObjectiveConfig()).loss.item()
+    )
+    out.loss.backward()
+    assert all(logits.grad.abs().sum() > 0 for logits in steps)
+
+
 def test_chain_acceptance_counts_and_tau_sim():
     """Step 0 agrees at t = 0, 1, 3 (of 0..3); step 1 at t = 0, 2 (of 0..2)."""
     length, vocab = 5, 3
@@ -222,6 +260,10 @@ def test_bad_objective_settings_are_clear_errors():
         ObjectiveConfig(divergence="kl")
     with pytest.raises(ValueError, match="jsd_beta"):
         ObjectiveConfig(jsd_beta=1.0)
+    with pytest.raises(ValueError, match="step_weighting must be decay or dpace"):
+        ObjectiveConfig(step_weighting="fixed")
+    with pytest.raises(ValueError, match="dpace_alpha"):
+        ObjectiveConfig(dpace_alpha=0.0)
 
 
 def test_tau_sim_replays_greedy_decoding_on_the_targets_own_text(llama):

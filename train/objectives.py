@@ -4,7 +4,8 @@ A head's `forward_train` returns K step logits; step k at position t predicts to
 is scored against the target's logits at position t + k (the alignment convention of
 `draftsmith.heads.trainable`). Per step, a divergence between the target's distribution p and
 the draft's q is averaged over the positions that count, and the steps are combined with decay
-weights ``step_decay ** k`` (normalised to sum to 1, so the loss scale does not grow with K):
+weights ``step_decay ** k`` (normalised to sum to 1, so the loss scale does not grow with K), or
+per position by D-PACE (`dpace_weights`):
 
     forward_kl   KL(p || q)             soft labels (EAGLE-3; the default)
     reverse_kl   KL(q || p)             mode seeking
@@ -45,11 +46,13 @@ __all__ = [
     "ObjectiveConfig",
     "ObjectiveOutput",
     "divergence",
+    "dpace_weights",
     "draft_objective",
     "step_weights",
 ]
 
 Divergence = Literal["forward_kl", "reverse_kl", "tv", "jsd", "ce_argmax"]
+StepWeighting = Literal["decay", "dpace"]
 DIVERGENCES: tuple[str, ...] = ("forward_kl", "reverse_kl", "tv", "jsd", "ce_argmax")
 
 
@@ -64,6 +67,11 @@ class ObjectiveConfig:
     """Step k's weight is step_decay ** k (normalised over the K steps)."""
     jsd_beta: float = 0.5
     """jsd only: the mixture weight beta of the target's distribution, in (0, 1)."""
+    step_weighting: StepWeighting = "decay"
+    """decay: step k weighs step_decay ** k; dpace: each step of the chain after each position
+    weighs what it can still earn (`dpace_weights`, speculators' D-PACE for block drafters)."""
+    dpace_alpha: float = 0.5
+    """dpace only: the smoothing alpha of each step's confidence, in (0, 1]."""
 
     def __post_init__(self) -> None:
         if self.divergence not in DIVERGENCES:
@@ -75,6 +83,12 @@ class ObjectiveConfig:
             raise ValueError(f"objective.step_decay must be positive, got {self.step_decay}")
         if not 0 < self.jsd_beta < 1:
             raise ValueError(f"objective.jsd_beta must be in (0, 1), got {self.jsd_beta}")
+        if self.step_weighting not in ("decay", "dpace"):
+            raise ValueError(
+                f"objective.step_weighting must be decay or dpace, got {self.step_weighting!r}"
+            )
+        if not 0 < self.dpace_alpha <= 1:
+            raise ValueError(f"objective.dpace_alpha must be in (0, 1], got {self.dpace_alpha}")
 
 
 @dataclass
@@ -147,7 +161,8 @@ class Agreement:
 @dataclass
 class ObjectiveOutput:
     loss: torch.Tensor
-    """() the decay-weighted mean of the per-step losses (carries the gradient)."""
+    """() the decay-weighted mean of the per-step losses, or the D-PACE-weighted sum over the
+    counted positions over their count (carries the gradient)."""
     step_losses: torch.Tensor
     """(K,) detached per-step losses."""
     agreement: Agreement
@@ -160,6 +175,18 @@ def step_weights(num_steps: int, decay: float) -> torch.Tensor:
     """(K,) float32 weights decay ** k, normalised to sum to 1."""
     weights = decay ** torch.arange(num_steps, dtype=torch.float32)
     return weights / weights.sum()
+
+
+def dpace_weights(losses: torch.Tensor, counted: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE weights (K, ...) of the K steps of the chain after each position, from their
+    per-position losses and counted masks (K, ...): step k's confidence is c_k = exp(-loss_k),
+    smoothed to s_k = (1 - alpha) c_k + alpha (1 where not counted), and step k weighs
+    sum_{j >= k} s_0 ... s_j over the counted steps j: the expected length still to be gained
+    from step k on, so steps a chain rarely reaches weigh little. Detached, as speculators'."""
+    with torch.no_grad():
+        smooth = torch.where(counted, (1 - alpha) * torch.exp(-losses.float()) + alpha, 1.0)
+        prefix = torch.cumprod(smooth, dim=0) * counted
+        return torch.flip(torch.cumsum(torch.flip(prefix, [0]), dim=0), [0]) * counted
 
 
 def divergence(
@@ -233,14 +260,13 @@ def draft_objective(
     if config.divergence == "ce_argmax":
         mask = mask & label_drafted
 
-    weights = step_weights(num_steps, config.step_decay).to(device)
     losses = []
     agree = torch.zeros(num_steps, batch, length, dtype=torch.bool, device=device)
     counted = torch.zeros_like(agree)
     for k, logits in enumerate(step_logits):
         n = length - 1 - k  # positions t whose label t + 1 + k lies inside the sequence
-        if n <= 0:
-            losses.append(logits.sum() * 0.0)  # keeps every step in the graph
+        if n <= 0:  # zeros that keep every step in the graph
+            losses.append(logits.new_zeros(batch, length, dtype=torch.float32) + logits.sum() * 0)
             continue
         step_mask = mask[:, k : k + n]
         per_position = _divergence(
@@ -249,16 +275,22 @@ def draft_objective(
             target_log_p[:, k : k + n],
             config.jsd_beta,
         )
-        losses.append(per_position.where(step_mask, 0.0).sum() / step_mask.sum().clamp_min(1))
+        losses.append(F.pad(per_position.where(step_mask, 0.0), (0, length - n)))
         with torch.no_grad():
             top1 = logits[:, :n].argmax(-1)
             if draft_to_target is not None:
                 top1 = draft_to_target[top1]
             agree[k, :, :n] = top1 == target_top1[:, k : k + n]
             counted[k, :, :n] = step_mask
-    step_losses = torch.stack(losses)
+    per_position = torch.stack(losses)  # (K, B, T)
+    step_losses = per_position.sum((1, 2)) / counted.sum((1, 2)).clamp_min(1)
+    if config.step_weighting == "dpace":
+        weights = dpace_weights(per_position, counted, config.dpace_alpha)
+        loss = (weights * per_position).sum() / counted.sum().clamp_min(1)
+    else:
+        loss = (step_weights(num_steps, config.step_decay).to(device) * step_losses).sum()
     return ObjectiveOutput(
-        loss=(weights * step_losses).sum(),
+        loss=loss,
         step_losses=step_losses.detach(),
         agreement=_count(agree[first_drafted_step:], counted[first_drafted_step:]),
     )
