@@ -1,4 +1,5 @@
-"""Drafting a block of tokens in one head forward: the `Drafter` of parallel heads (P-EAGLE).
+"""Drafting a block of tokens in one head forward: the `Drafter` of parallel heads (P-EAGLE;
+DFlash's `dflash_drafter.py` replaces the block forward alone).
 
 A round runs one forward of the head over the committed rows not yet in its cache (on their
 real target features) followed by mask rows for the positions ahead, and reads the whole
