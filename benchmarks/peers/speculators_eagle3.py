@@ -46,7 +46,9 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from draftsmith import __version__
 from draftsmith.data.documents import build_dataset
+from draftsmith.decoding.profile import device_name
 from draftsmith.heads.eagle3 import default_feature_layers
 from draftsmith.heads.vocab import build_draft_vocab
 from draftsmith.train.config import load_train_config
@@ -320,6 +322,9 @@ def main() -> None:
             judge(peer, config, args.heldout), peer_stats["steps"], peer_stats["tokens_per_s"]
         ),
         "speculators_version": "0.9.0",
+        "draftsmith_version": __version__,
+        "hardware": device_name(torch.device("cpu")),
+        "date": time.strftime("%Y-%m-%d"),
         "differences": DIFFERENCES,
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
     }
