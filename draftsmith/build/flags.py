@@ -91,6 +91,16 @@ def between(low: float, high: float, *, low_open: bool = False, high_open: bool 
     return Range(low=low, high=high, low_open=low_open, high_open=high_open)
 
 
+SAMPLING_RANGES: dict[str, Range] = {
+    "max_new_tokens": at_least(1),
+    "temperature": at_least(0),
+    "top_p": between(0, 1, low_open=True),
+    "top_k": at_least(1),
+    "seed": at_least(0),
+}
+"""The ranges of the decoding flags every command that generates shares."""
+
+
 def check_ranges(cls: type, values: dict[str, Any]) -> None:
     """Raise a ValueError naming the flag, the value and the range for the first of `values`
     (field name -> value, None skipped) outside its field's range in ``cls.FLAG_RANGES``."""

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from draftsmith.build.flags import Range, at_least, between
+from draftsmith.build.flags import SAMPLING_RANGES, Range, at_least, between
 from draftsmith.build.placement import TargetPlacement
 from draftsmith.build.policies import AUTO_TREE, policy_from_spec, split_policy_spec
 from draftsmith.core.models import Dtype
@@ -25,15 +25,11 @@ class BenchCommand(TargetPlacement):
     draft policies in the same run, each a method of its own."""
 
     FLAG_RANGES: ClassVar[dict[str, Range]] = {
-        "max_new_tokens": at_least(1),
-        "temperature": at_least(0),
-        "top_p": between(0, 1, low_open=True),
-        "top_k": at_least(1),
+        **SAMPLING_RANGES,
         "limit": at_least(1),
         "draft_tokens": at_least(1),
         "verify_threshold": between(0, 1),
         "min_path_confidence": between(0, 1),
-        "seed": at_least(0),
         "batch_size": at_least(1),
         "repeats": at_least(1),
     }

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from draftsmith.build.flags import POSITIONAL, Range, at_least, between
+from draftsmith.build.flags import POSITIONAL, SAMPLING_RANGES, Range
+from draftsmith.build.policies import split_policy_spec
 from draftsmith.core.models import Dtype
 from draftsmith.decoding.policies import DEFAULT_POLICY, POLICIES, CostAwarePolicy
 
@@ -21,11 +22,7 @@ class GenerateCommand:
     drafter's confidence on hover."""
 
     FLAG_RANGES: ClassVar[dict[str, Range]] = {
-        "max_new_tokens": at_least(1),
-        "temperature": at_least(0),
-        "top_p": between(0, 1, low_open=True),
-        "top_k": at_least(1),
-        "seed": at_least(0),
+        **SAMPLING_RANGES,
     }
 
     prompt: str = field(metadata=POSITIONAL)
@@ -54,13 +51,14 @@ class GenerateCommand:
     policy: str = DEFAULT_POLICY
     """How much to draft each round, as for `draftsmith bench`: cost-aware (the target's measured
     verification cost against the drafter's calibrated acceptance), fixed, threshold, cm-asd,
-    specdec++ or adaedl."""
+    specdec++ or adaedl; a spec NAME[:KEY=VALUE:...] gives its options."""
     html: Path | None = None
     """Also write the per-token view here (a self-contained HTML page)."""
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown --policy {self.policy!r}: choose one of {sorted(POLICIES)}")
+        name, _, _ = split_policy_spec(self.policy)  # a spec, as bench takes: NAME[:KEY=VALUE]
+        if name not in POLICIES:
+            raise ValueError(f"unknown --policy {name!r}: choose one of {sorted(POLICIES)}")
 
     def run(self) -> dict:
         import time
