@@ -117,6 +117,19 @@ def _sequence_fits(counts: Counter, exact: dict, n: int) -> bool:
     return chisquare(observed, expected / expected.sum() * n).pvalue > ALPHA
 
 
+def _sample_sequences(decoder, n: int, **sampling) -> tuple[Counter, int, int]:
+    """How often each 3-token continuation of [0] came out over seeds 0..n-1 (temperature 1
+    unless `sampling` says otherwise), and the tokens drafted and accepted in all."""
+    sampling = {"temperature": 1.0, **sampling}
+    counts, drafted, accepted = Counter(), 0, 0
+    for seed in range(n):
+        result = decoder.generate([0], max_new_tokens=3, seed=seed, **sampling)
+        counts[tuple(result.tokens)] += 1
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+    return counts, drafted, accepted
+
+
 SEQ_PARAMS = {
     "t1": SamplingParams(temperature=1.0),
     "t0.7_topk3": SamplingParams(temperature=0.7, top_k=3),
@@ -192,12 +205,8 @@ def test_a_block_drafters_sequences_follow_the_target(kind, tree):
         (head.lm_head if kind == "peagle" else head.norm).weight.mul_(40.0)
     policy = FixedPolicy(max_draft_tokens=3) if tree is None else FixedPolicy(tree=tree)
     decoder = SpeculativeDecoder(target, head.as_drafter(target), policy=policy)
-    counts, drafted, accepted, n = Counter(), 0, 0, 1200
-    for seed in range(n):
-        result = decoder.generate([0], max_new_tokens=3, temperature=1.0, seed=seed)
-        counts[tuple(result.tokens)] += 1
-        drafted += result.stats.drafted
-        accepted += result.stats.accepted
+    n = 1200
+    counts, drafted, accepted = _sample_sequences(decoder, n)
     assert 0 < accepted < drafted
     exact = _model_sequence_distribution(target, SamplingParams(temperature=1.0), 0, 3)
     assert _sequence_fits(counts, exact, n)
@@ -322,11 +331,8 @@ def test_draft_model_trees_sample_the_target_distribution(tree):
     drafter = DraftModelDrafter(tiny_model("llama", seed=4, vocab_size=vocab))
     policy = FixedPolicy(tree=tree)
     decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy)
-    counts = Counter()
     n = 2000
-    for seed in range(n):
-        result = decoder.generate([0], max_new_tokens=3, temperature=1.0, seed=seed)
-        counts[tuple(result.tokens)] += 1
+    counts, _, _ = _sample_sequences(decoder, n)
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
 
 
@@ -350,12 +356,6 @@ def test_cost_aware_cuts_keep_sampling_exact(tree):
         tree=tree, siblings=0, cost=cost, patience=1e9, max_draft_tokens=4, clock=Clock(0.001)
     )
     decoder = SpeculativeDecoder(MarkovTarget(table), drafter, policy=policy, clock=Clock(0.01))
-    counts = Counter()
-    drafted = accepted = 0
-    for seed in range(n):
-        result = decoder.generate([0], max_new_tokens=3, temperature=1.0, seed=seed)
-        counts[tuple(result.tokens)] += 1
-        drafted += result.stats.drafted
-        accepted += result.stats.accepted
+    counts, drafted, accepted = _sample_sequences(decoder, n)
     assert 0 < accepted < drafted
     assert _sequence_fits(counts, _sequence_distribution(table, params, 0, 3), n)
