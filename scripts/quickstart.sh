@@ -34,7 +34,7 @@ stage regenerate-chat draftsmith regenerate --target smollm2-135m --source chitc
     --max-new-tokens 128 --batch-size 64 --max-records 256 \
     --prompts-per-document 2 --out "$chat"
 stage regenerate-heldout draftsmith regenerate --target smollm2-135m --source stdlib --split heldout \
-    --max-new-tokens 128 --batch-size 64 --max-records 512 --prompts-per-document 8 \
+    --max-new-tokens 128 --batch-size 64 --max-records 256 --prompts-per-document 8 \
     --out "$heldout"
 stage train accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
     recipes/smollm2-135m/eagle3.yaml output_dir="$out" "data.source=[$train, $chat]" \

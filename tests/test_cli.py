@@ -174,7 +174,7 @@ def loading_stops(monkeypatch):
     "argv",
     [  # the command lines of the README and scripts/quickstart.sh
         "regenerate --target smollm2-135m --source stdlib --split heldout --dtype bfloat16 "
-        "--max-new-tokens 128 --batch-size 64 --max-records 512 --prompts-per-document 8 "
+        "--max-new-tokens 128 --batch-size 64 --max-records 256 --prompts-per-document 8 "
         "--out h.jsonl --sample",
         "bench --target qwen2.5-coder-1.5b --drafter draft-model:qwen2.5-coder-0.5b --dtype "
         "bfloat16 --draft-tokens 12 --min-path-confidence 0.4 --json q.json --limit 3 "
