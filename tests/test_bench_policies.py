@@ -260,4 +260,5 @@ def test_one_policy_keeps_the_report_and_its_config_as_before(target_folder, tmp
         "lossy", "batch_size", "repeats", "overall", "workloads", "prompts", "config"
     ]  # fmt: skip
     assert report["config"]["policy"] == "fixed"
+    assert report["config"]["drafter_kind"] == "ngram"  # the results page names it
     assert set(report["prompts"][0]["seconds"]) == {"plain", "hf", "draftsmith"}

@@ -70,7 +70,9 @@ def folder(tmp_path: Path) -> Path:
     reports = {
         "t_ngram_cpu-avx2_2026-01-01.json": _report("ngram", "cpu-avx2", "2026-01-01"),
         "t_ngram_cpu-avx2_2026-02-01.json": _report("ngram", "cpu-avx2", "2026-02-01"),
-        "t_eagle_cpu-amx_2026-01-05.json": _report("artifact:e", "cpu-amx", "2026-01-05"),
+        "t_eagle_cpu-amx_2026-01-05.json": _report(
+            "artifact:e", "cpu-amx", "2026-01-05", drafter_kind="eagle3"
+        ),
         "t_ngram-fixed_cpu-avx2_2026-03-01.json": _report(
             "ngram", "cpu-avx2", "2026-03-01", policy="fixed"
         ),
@@ -95,6 +97,7 @@ def test_the_page_has_a_headline_of_default_runs_and_a_table_per_hardware_class(
     assert "23/24 (1 rounding, 0 unexplained)" in rows[1] and "| 0.3.4 (0123456+) |" in rows[1]
     assert "`draftsmith bench --target t --drafter ngram --suite standard`" in rows[1]
     assert "| cpu-amx |" in rows[0] and "| - |" in rows[0]  # no HF counterpart
+    assert "| `artifact:e` (eagle3) |" in rows[0]  # an artifact's head kind beside its path
     avx2 = page.split("## cpu-avx2")[1].split("\n## ")[0]
     assert avx2.count("| t |") == 3 and "Hardware: cpu: Some CPU (cpu-avx2)." in avx2
     assert "## cpu-amx" in page and page.count("### t, ") == 4

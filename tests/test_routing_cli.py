@@ -11,7 +11,7 @@ from conftest import tiny_model
 from head_helpers import build_head, fit
 
 from draftsmith.artifact import save_artifact
-from draftsmith.build.drafters import build_drafter, route_parts
+from draftsmith.build.drafters import build_drafter, drafter_kind, route_parts
 from draftsmith.calibration.calibrators import build_calibrator
 from draftsmith.commands.cli import main
 from draftsmith.decoding.routing import RoutingDrafter
@@ -106,3 +106,11 @@ def test_bench_decodes_with_a_route(saved, tmp_path):
     report = json.loads(out.read_text())
     assert report["overall"]["identical_to_plain"] is True
     assert report["overall"]["hf_tok_s"] is None
+
+
+def test_reports_name_what_a_spec_drafts_with(saved):
+    """bench's report records the drafter's kind: an artifact's head, a route's parts."""
+    root = saved[0]
+    assert drafter_kind(f"artifact:{root / 'medusa'}") == "medusa"
+    assert drafter_kind("ngram:4") == "ngram"
+    assert drafter_kind(f"route:artifact:{root / 'eagle3'}+ngram") == "eagle3+ngram"

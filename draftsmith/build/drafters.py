@@ -81,6 +81,19 @@ def check_spec(spec: str) -> None:
         load_acceptance_model(arg)
 
 
+def drafter_kind(spec: str) -> str:
+    """What a spec drafts with, for reports: an artifact's head kind (eagle3, peagle, ...; an
+    engine layout's name for a foreign one), a route's kinds joined by '+', else the spec's own
+    kind (ngram, draft-model)."""
+    kind, arg = parse_spec(spec)
+    if kind == "route":
+        return "+".join(drafter_kind(part) for part in route_parts(spec))
+    if kind == "artifact":
+        layout = foreign_layout(arg)
+        return read_artifact_config(arg)["drafter"] if layout is None else layout
+    return kind
+
+
 def build_drafter(
     spec: str,
     target: PreTrainedModel,

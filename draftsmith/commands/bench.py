@@ -149,7 +149,7 @@ class BenchCommand(TargetPlacement):
     def run(self) -> dict:
         import torch
 
-        from draftsmith.build.drafters import build_drafter, check_spec
+        from draftsmith.build.drafters import build_drafter, check_spec, drafter_kind
         from draftsmith.core.parallel import is_main_process, placement
         from draftsmith.decoding import SpeculativeDecoder
         from draftsmith.decoding.lossy import build_verifier
@@ -199,6 +199,7 @@ class BenchCommand(TargetPlacement):
         report = run_suite(bench, records, command) if records else bench.run(prompts)
         report["config"] = {
             **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()},
+            "drafter_kind": drafter_kind(self.drafter),
             "placement": placement(target) or "one device",
             "torch_threads": torch.get_num_threads(),
             "max_new_tokens": max_new_tokens,

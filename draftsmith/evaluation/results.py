@@ -86,11 +86,17 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)]
 
 
+def _drafter_cell(config: dict) -> str:
+    """The drafter's spec, and its kind where the spec does not say it (an artifact's head)."""
+    spec, kind = config.get("drafter", "?"), config.get("drafter_kind")
+    return f"`{spec}`" if not kind or spec.startswith(kind) else f"`{spec}` ({kind})"
+
+
 def _overall_cells(name: str, report: dict) -> list[str]:
     env, config, s = report["environment"], report.get("config", {}), report["overall"]
     return [
         config.get("target", "?"),
-        f"`{config.get('drafter', '?')}`",
+        _drafter_cell(config),
         ratio(s["speedup_vs_plain"], s.get("speedup_vs_plain_interval")),
         ratio(s["speedup_vs_hf"], s.get("speedup_vs_hf_interval")),
         ratio(s["hf_speedup_vs_plain"], s.get("hf_speedup_vs_plain_interval")),
@@ -159,7 +165,7 @@ def render_page(folder: Path, source: str = "benchmarks/results") -> str:
     for name, report in reports:
         config = report.get("config", {})
         lines += [
-            f"### {config.get('target', '?')}, `{config.get('drafter', '?')}`, "
+            f"### {config.get('target', '?')}, {_drafter_cell(config)}, "
             f"{_hardware(report)}, {report['environment']['date']} ([json](results/{name}))",
             "",
         ]
