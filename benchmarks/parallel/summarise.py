@@ -7,7 +7,7 @@ training budget, its `metrics.jsonl` the held-out tau_sim of the last evaluation
 
     python benchmarks/parallel/summarise.py --out benchmarks/parallel/smollm2-135m.json \\
         eagle3=benchmarks/results/smollm2-135m_eagle3-quickstart_cpu-avx2_2026-12-07.json:runs/quickstart \\
-        peagle=benchmarks/parallel/smollm2-135m_peagle_suite_cpu-avx2_2026-12-07.json:runs/smollm2-135m-peagle
+        peagle=benchmarks/results/smollm2-135m_peagle_cpu-avx2_2026-12-07.json:runs/smollm2-135m-peagle
 
 Per head: ``code_speedup_vs_plain`` (and its 90% interval), ``suite_speedup_vs_plain`` (the same
 overall), ``tau`` (mean tokens a target forward yields on the suite), ``acceptance_by_position``,
