@@ -16,6 +16,12 @@ file are skipped, each batch is flushed as it finishes, and a line torn by a kil
 before appending. Derived records are named ``<document id>#<n>``, which keeps them in their
 document's train / held-out split (`draftsmith.data.documents.document_split`).
 
+Several processes can share one regeneration (`Shard`): each takes every count-th batch and
+writes each finished batch to a file of its own beside the output, and `merge_parts` appends
+them in the order one process would have written them, so the output is the same either way.
+On a CPU a small model decodes faster as processes of one thread than as threads of one
+process (`benchmarks/notes/training.md`).
+
     documents = load_documents(DataConfig(source="chitchat"))
     regenerate(documents, model, tokenizer, "runs/chitchat-qwen.jsonl",
                RegenerateConfig(max_new_tokens=256, batch_size=16))
@@ -27,23 +33,32 @@ document's train / held-out split (`draftsmith.data.documents.document_split`).
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
 
 __all__ = [
     "RegenerateConfig",
+    "Shard",
     "completed_ids",
     "continue_texts",
+    "merge_parts",
+    "parts_dir",
     "regenerate",
     "text_prompts",
 ]
+
+_STREAMS = ("chat", "text")
+"""The two kinds of record in the order one process writes them (`RegenerateCommand`)."""
 
 
 @dataclass(kw_only=True)
@@ -61,7 +76,8 @@ class RegenerateConfig:
     top_p: float = 1.0
     """Nucleus sampling mass (with do_sample)."""
     seed: int = 0
-    """Seeds torch's generator before sampling."""
+    """Seeds torch's generator before each batch's sampling (with the batch's number, so a
+    batch draws alike whichever process generates it)."""
     max_records: int | None = None
     """Produce the first this many records (in the source's order) in all, counting those the
     output already holds: rerunning the same call writes nothing more; None: all."""
@@ -75,6 +91,45 @@ class RegenerateConfig:
     max_turns: int | None = None
     """`regenerate` (chat): keep each conversation up to its first this many assistant answers,
     dropping the rest (a batch runs as long as its longest conversation); None: every turn."""
+
+
+class Shard(NamedTuple):
+    """Process `index` of `count` sharing one regeneration: it generates every count-th batch
+    from its index and writes each to its own file in `parts_dir` (`merge_parts` joins them)."""
+
+    index: int
+    count: int
+
+
+def parts_dir(out_path: str | Path) -> Path:
+    """Where the shards of a regeneration into `out_path` keep their finished batches."""
+    out_path = Path(out_path)
+    return out_path.with_name(out_path.name + ".parts")
+
+
+def merge_parts(out_path: str | Path) -> int:
+    """Append the batches the shards of a regeneration finished to `out_path`, in the order one
+    process writes them (chat, then text; each in batch order), skipping ids already there (a
+    merge cut short by a kill), and remove them. Returns the records appended.
+
+    Run it once every shard has finished: before the shards start, it saves what an
+    interrupted run finished, so that every shard reads the same output and plans the same
+    batches."""
+    out_path, folder = Path(out_path), parts_dir(out_path)
+    if not folder.exists():
+        return 0
+    done = completed_ids(out_path)
+    written = 0
+    with out_path.open("a", encoding="utf-8") as out:
+        for stream in _STREAMS:
+            for part in sorted(folder.glob(f"{stream}-*.jsonl")):
+                for line in part.read_text(encoding="utf-8").splitlines():
+                    if line and json.loads(line)["id"] not in done:
+                        out.write(line + "\n")
+                        written += 1
+            out.flush()
+    shutil.rmtree(folder)
+    return written
 
 
 def completed_ids(path: str | Path) -> set[str]:
@@ -100,6 +155,7 @@ def regenerate(
     tokenizer: Any,
     out_path: str | Path,
     config: RegenerateConfig | None = None,
+    shard: Shard | None = None,
 ) -> int:
     """Append regenerated copies of `records` to `out_path`, skipping ids already there.
 
@@ -109,6 +165,8 @@ def regenerate(
         tokenizer: its tokenizer, with a chat template.
         out_path: jsonl to append to.
         config: generation settings.
+        shard: this process's share of the batches, written to `parts_dir(out_path)` for
+            `merge_parts`; None: all of them, appended to `out_path`.
 
     Returns:
         The number of records written by this call.
@@ -126,7 +184,7 @@ def regenerate(
     def length(record: dict[str, Any]) -> int:
         return sum(len(str(m.get("content", ""))) for m in record["messages"])
 
-    return _append_batches(records, answered, out_path, config, size=length)
+    return _append_batches(records, answered, out_path, config, length, ("chat", shard))
 
 
 def continue_texts(
@@ -135,6 +193,7 @@ def continue_texts(
     tokenizer: Any,
     out_path: str | Path,
     config: RegenerateConfig | None = None,
+    shard: Shard | None = None,
 ) -> int:
     """Append ``{"id", "prompt", "completion"}`` records to `out_path`: prompts cut from each
     text document (`text_prompts`) and the target's continuation of each, skipping ids already
@@ -145,6 +204,7 @@ def continue_texts(
         model, tokenizer: the target and its tokenizer.
         out_path: jsonl to append to.
         config: generation settings (`max_new_tokens` is the completion's length).
+        shard: as `regenerate`'s.
 
     Returns:
         The number of records written by this call.
@@ -161,7 +221,8 @@ def continue_texts(
         completions = _generate(texts, model, tokenizer, config, add_special_tokens=True)
         return [{**r, "completion": c} for r, c in zip(batch, completions, strict=True)]
 
-    return _append_batches(prompts, continued, out_path, config, size=lambda r: len(r["prompt"]))
+    size = lambda r: len(r["prompt"])  # noqa: E731
+    return _append_batches(prompts, continued, out_path, config, size, ("text", shard))
 
 
 def text_prompts(
@@ -214,26 +275,48 @@ def _append_batches(
     out_path: str | Path,
     config: RegenerateConfig,
     size: Callable[[dict[str, Any]], int],
+    sharing: tuple[str, Shard | None],
 ) -> int:
     """Write ``produce(batch)``, a batch at a time, for each of the first
     ``config.max_records`` records whose id is not yet in `out_path`; returns how many were
     written. Batches hold records of similar `size` (the records in order of it), so a long one
-    pads only its own kind, not a batch of short ones."""
+    pads only its own kind, not a batch of short ones. `sharing` is (the records' stream, this
+    process's shard or None)."""
+    stream, shard = sharing
     out_path = Path(out_path)
     done = completed_ids(out_path)
     todo = [r for r in islice(records, config.max_records) if r["id"] not in done]
     todo.sort(key=size)
-    if config.do_sample:
-        torch.manual_seed(config.seed)
+    batches = [todo[i : i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
+    numbered = list(enumerate(batches))
+    if shard is not None:
+        numbered = numbered[shard.index :: shard.count]
+        parts_dir(out_path).mkdir(parents=True, exist_ok=True)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("a", encoding="utf-8") as out, tqdm(total=len(todo), unit="record") as bar:
-        for start in range(0, len(todo), config.batch_size):
-            batch = todo[start : start + config.batch_size]
-            for record in produce(batch):
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()  # a kill loses at most the batch in flight
+    written = 0
+    bar = tqdm(
+        total=sum(len(batch) for _, batch in numbered),
+        unit="record",
+        desc=None if shard is None else f"process {shard.index + 1}/{shard.count}",
+        position=None if shard is None else shard.index,
+    )
+    with bar, out_path.open("a", encoding="utf-8") if shard is None else nullcontext() as out:
+        for number, batch in numbered:
+            if config.do_sample:  # seeded per batch: the same draws whichever process runs it
+                torch.manual_seed(config.seed * 1_000_003 + number)
+            lines = "".join(
+                json.dumps(record, ensure_ascii=False) + "\n" for record in produce(batch)
+            )
+            if shard is None:
+                out.write(lines)
+                out.flush()  # a kill loses at most the batch in flight
+            else:  # renamed into place whole: a part that exists is complete
+                part = parts_dir(out_path) / f"{stream}-{number:06d}.jsonl"
+                part.with_suffix(".tmp").write_text(lines, encoding="utf-8")
+                os.replace(part.with_suffix(".tmp"), part)
+            written += len(batch)
             bar.update(len(batch))
-    return len(todo)
+    return written
 
 
 def _answer(

@@ -28,13 +28,13 @@ mkdir -p "$(dirname "$out")"
 : > "$out.stages.log"
 stage fetch draftsmith fetch-model smollm2-135m
 stage regenerate-train draftsmith regenerate --target smollm2-135m --source stdlib --split train \
-    --max-new-tokens 128 --batch-size 64 --max-records 1024 --prompts-per-document 4 \
+    --max-new-tokens 128 --batch-size 64 --processes 2 --max-records 1024 --prompts-per-document 4 \
     --out "$train"
 stage regenerate-chat draftsmith regenerate --target smollm2-135m --source chitchat-transcripts --split train \
-    --max-new-tokens 128 --batch-size 64 --max-records 256 \
+    --max-new-tokens 128 --batch-size 64 --processes 2 --max-records 256 \
     --prompts-per-document 2 --out "$chat"
 stage regenerate-heldout draftsmith regenerate --target smollm2-135m --source stdlib --split heldout \
-    --max-new-tokens 128 --batch-size 64 --max-records 256 --prompts-per-document 8 \
+    --max-new-tokens 128 --batch-size 64 --processes 2 --max-records 256 --prompts-per-document 8 \
     --out "$heldout"
 stage train accelerate launch --config_file recipes/accelerate/cpu-2proc.yaml scripts/train.py \
     recipes/smollm2-135m/eagle3.yaml output_dir="$out" "data.source=[$train, $chat]" \

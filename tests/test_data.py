@@ -37,8 +37,11 @@ from draftsmith.data.documents import (
 from draftsmith.data.encoding import ChatTemplateError, encode_chat, encode_completion
 from draftsmith.data.regenerate import (
     RegenerateConfig,
+    Shard,
     completed_ids,
     continue_texts,
+    merge_parts,
+    parts_dir,
     regenerate,
     text_prompts,
 )
@@ -648,6 +651,80 @@ def test_regenerate_command_continues_text_and_answers_chat(tmp_path, tok):
     assert len(written) == len({r["id"] for r in written})
     assert kinds.count("completion") == 2 * sum(d.startswith("code") for d in train_docs)
     assert kinds.count("messages") == ("chat" in train_docs)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("sample", [False, True])
+def test_shared_regeneration_writes_what_one_process_writes(tmp_path, tok, sample):
+    model = tiny_model("qwen2", seed=5, vocab_size=len(tok))
+    chats = [
+        {"id": f"c{i}", "messages": CONVERSATION[1:3] + [{"role": "user", "content": str(i)}]}
+        for i in range(3)
+    ]
+    texts = [{"id": f"m{i}.py", "text": CODE, "messages": None} for i in range(3)]
+    config = RegenerateConfig(
+        max_new_tokens=4, batch_size=2, prompt_tokens=12, prompts_per_document=2, do_sample=sample
+    )
+
+    def write(out, shard=None):  # as `draftsmith regenerate` does: chat, then text
+        regenerate(chats, model, tok, out, config, shard)
+        continue_texts(texts, model, tok, out, config, shard)
+
+    one, shared = tmp_path / "one.jsonl", tmp_path / "shared.jsonl"
+    write(one)
+    for index in (1, 0):  # 3 chat and 6 text records in batches of 2: shards of unequal size
+        write(shared, Shard(index, 2))
+    assert not shared.exists() or shared.read_text() == ""  # the shards write their parts only
+    assert sorted(p.name for p in parts_dir(shared).iterdir())[:2] == [
+        "chat-000000.jsonl",
+        "chat-000001.jsonl",
+    ]
+    assert merge_parts(shared) == 9
+    assert shared.read_text() == one.read_text()
+    assert not parts_dir(shared).exists() and merge_parts(shared) == 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_an_interrupted_shared_regeneration_resumes_without_duplicates(tmp_path, tok):
+    model = tiny_model("qwen2", seed=5, vocab_size=len(tok))
+    texts = [{"id": f"m{i}.py", "text": CODE, "messages": None} for i in range(3)]
+    config = RegenerateConfig(max_new_tokens=4, batch_size=2, prompt_tokens=12)
+    out, straight = tmp_path / "out.jsonl", tmp_path / "straight.jsonl"
+    continue_texts(texts, model, tok, straight, config)
+    every = completed_ids(straight)
+    continue_texts(texts, model, tok, out, config, Shard(0, 3))  # shards 1 and 2 were killed
+    first = {json.loads(line)["id"] for p in parts_dir(out).iterdir() for line in p.open()}
+    assert 0 < merge_parts(out) == len(first) < len(every)  # the next run saves them first
+    for index in range(3):
+        continue_texts(texts, model, tok, out, config, Shard(index, 3))
+    assert merge_parts(out) == len(every) - len(first)
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) and set(ids) == every
+    # A merge cut short by a kill leaves parts whose records --out already holds: not twice.
+    part = parts_dir(out) / "text-000000.jsonl"
+    part.parent.mkdir()
+    part.write_text(out.read_text().splitlines(keepends=True)[0])
+    assert merge_parts(out) == 0 and len(out.read_text().splitlines()) == len(every)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_regenerate_command_in_two_processes_writes_what_one_writes(tmp_path, tok):
+    from draftsmith.commands.cli import main
+
+    target = tmp_path / "target"
+    tiny_model("qwen2", seed=5, vocab_size=len(tok)).save_pretrained(target)
+    tok.save_pretrained(target)
+    source = write_jsonl(
+        tmp_path / "code.jsonl", [{"id": f"code{i}", "text": CODE} for i in range(12)]
+    )
+    command = ["regenerate", "--target", str(target), "--source", str(source), "--split", "train"]
+    command += ["--max-new-tokens", "4", "--prompt-tokens", "12", "--batch-size", "2"]
+    command += ["--dtype", "float32"]
+    main([*command, "--out", str(tmp_path / "one.jsonl")])
+    main([*command, "--out", str(tmp_path / "two.jsonl"), "--processes", "2"])
+    one, two = (tmp_path / "one.jsonl").read_text(), (tmp_path / "two.jsonl").read_text()
+    assert one and two == one
+    assert not parts_dir(tmp_path / "two.jsonl").exists()
 
 
 # --------------------------------------------------------------------------------------------
