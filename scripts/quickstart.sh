@@ -5,7 +5,7 @@
 # to runs/quickstart/drafter, calibrate its confidence on the held-out continuations, and
 # benchmark it against plain generation on the bundled prompts. Every step runs at --dtype auto,
 # the hardware's fast precision: bfloat16 on a CPU with bf16 matrix units (AMX, AVX512-BF16;
-# about 30 minutes on 2 cores), float32 on one without them (50 minutes on a 2-core AVX2 EPYC).
+# about 30 minutes on 2 cores), float32 on one without them (46 minutes on a 2-core AVX2 EPYC).
 # Rerunning it reuses the continuations.
 #
 #   bash scripts/quickstart.sh [key=value ...]     (recipe overrides, e.g. max_steps=60)
