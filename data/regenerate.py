@@ -184,7 +184,7 @@ def regenerate(
     def length(record: dict[str, Any]) -> int:
         return sum(len(str(m.get("content", ""))) for m in record["messages"])
 
-    return _append_batches(records, answered, out_path, config, length, ("chat", shard))
+    return _append_batches(records, answered, out_path, config, length, "chat", shard)
 
 
 def continue_texts(
@@ -222,7 +222,7 @@ def continue_texts(
         return [{**r, "completion": c} for r, c in zip(batch, completions, strict=True)]
 
     size = lambda r: len(r["prompt"])  # noqa: E731
-    return _append_batches(prompts, continued, out_path, config, size, ("text", shard))
+    return _append_batches(prompts, continued, out_path, config, size, "text", shard)
 
 
 def text_prompts(
@@ -275,14 +275,14 @@ def _append_batches(
     out_path: str | Path,
     config: RegenerateConfig,
     size: Callable[[dict[str, Any]], int],
-    sharing: tuple[str, Shard | None],
+    stream: str,
+    shard: Shard | None,
 ) -> int:
     """Write ``produce(batch)``, a batch at a time, for each of the first
     ``config.max_records`` records whose id is not yet in `out_path`; returns how many were
     written. Batches hold records of similar `size` (the records in order of it), so a long one
-    pads only its own kind, not a batch of short ones. `sharing` is (the records' stream, this
-    process's shard or None)."""
-    stream, shard = sharing
+    pads only its own kind, not a batch of short ones. `stream` names the records' kind in the
+    parts a `shard` writes."""
     out_path = Path(out_path)
     done = completed_ids(out_path)
     todo = [r for r in islice(records, config.max_records) if r["id"] not in done]
