@@ -32,6 +32,16 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
+@torch.no_grad()
+def standardize_input_channels(linear: nn.Linear, inputs: torch.Tensor) -> None:
+    """Divide `linear`'s weights on each input channel by that channel's RMS over a sample of
+    its inputs (..., F): an initialisation for standardised inputs. Targets carry a few massive
+    activations, orders of magnitude above the other channels; from the default initialisation
+    they dominate the fused target feature, which then barely varies from token to token."""
+    rms = inputs.float().flatten(0, -2).pow(2).mean(0).sqrt().clamp_min(1e-6)
+    linear.weight.div_(rms.to(linear.weight))
+
+
 def text_config(config: PretrainedConfig) -> PretrainedConfig:
     """The language-model part of a (possibly multimodal) config."""
     return config.get_text_config()

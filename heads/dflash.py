@@ -42,6 +42,7 @@ from draftsmith.heads.blocks import (
     build_decoder_layer,
     rms_norm,
     seeded,
+    standardize_input_channels,
     text_config,
 )
 from draftsmith.heads.dflash_drafter import DFlashDrafter
@@ -68,6 +69,11 @@ class DFlashConfig(DraftVocabConfig, StepsConfig):
     mask_token_id: int | None = None
     """The token whose (frozen) target embedding fills the mask rows: best an id that never
     occurs in text, such as an unused padding slot; None: the target's last id."""
+    standardize_fc_init: bool = True
+    """Initialise `fc` for standardised inputs, as EAGLE-3's option of that name: its weights on
+    each feature channel divided by that channel's RMS over a sample of training rows. Without
+    it a target's massive activations dominate the fused context, whose keys and values then
+    barely differ from position to position. Only the initial weights change."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -201,6 +207,12 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         cos, sin = self.rotary(self.fc.weight, flat)
         shape = (1, *positions.shape, cos.shape[-1])
         return cos.to(self.dtype).reshape(shape), sin.to(self.dtype).reshape(shape)
+
+    @torch.no_grad()
+    def fit_to_sample(self, sample: TargetBatch) -> None:
+        """`standardize_fc_init` on the sample's features (B, T, F)."""
+        if self.config.standardize_fc_init:
+            standardize_input_channels(self.fc, sample.features.to(self.fc.weight))
 
     def context(self, features: torch.Tensor, positions: torch.Tensor) -> Context:
         """Target features (B, C, F) of positions (C,) -> every layer's context keys and

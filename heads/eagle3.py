@@ -28,6 +28,7 @@ from draftsmith.heads.blocks import (
     layer_inputs,
     rms_norm,
     seeded,
+    standardize_input_channels,
     text_config,
 )
 from draftsmith.heads.eagle import FeatureRecurrentHead
@@ -178,8 +179,7 @@ class Eagle3Head(DraftVocabulary, FeatureRecurrentHead):
         """`standardize_fc_init`: scale fc's initial weights to the RMS of each channel fc reads
         in the sample's features (B, T, F)."""
         if self.config.standardize_fc_init:
-            inputs = self._fc_inputs(sample.features).float().flatten(0, -2)
-            self.fc.weight.div_(inputs.pow(2).mean(0).sqrt().clamp_min(1e-6).to(self.fc.weight))
+            standardize_input_channels(self.fc, self._fc_inputs(sample.features))
 
     def run_layer(self, hidden, embeds, positions, mask, cache=None) -> torch.Tensor:
         return self.midlayer(hidden, embeds, positions, mask, cache)

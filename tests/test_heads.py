@@ -211,6 +211,35 @@ def test_eagle3_fc_init_is_standardised_on_a_sample(norm_before_fc, llama):
     assert torch.equal(kept.fc.weight, fresh.fc.weight)
 
 
+def test_dflash_fc_init_is_standardised_on_a_sample(llama):
+    """DFlash's fc, which fuses the context every block row attends to, starts standardised as
+    EAGLE-3's does: with massive channels in the sample, the fused context still varies from
+    position to position instead of being one massive direction."""
+    args = {"feature_layers": [0, 1, 2], "num_steps": 3}
+    head, fresh = build_kind("dflash", llama, args), build_kind("dflash", llama, args)
+    features = torch.randn(2, 16, 3 * 64, generator=torch.Generator().manual_seed(0))
+    features[..., [3, 70]] += 5000.0  # massive activations, nearly the same at every position
+    sample = TargetBatch(
+        input_ids=torch.zeros(2, 16, dtype=torch.long),
+        loss_mask=torch.ones(2, 16, dtype=torch.bool),
+        features=features,
+        target_logits=torch.zeros(2, 16, 256),
+    )
+    head.fit_to_sample(sample)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            head.fc.weight, fresh.fc.weight / features.pow(2).mean((0, 1)).sqrt()
+        )
+
+        def spread(h) -> float:  # how much the normed context differs between positions
+            return h.hidden_norm(h.fc(features)).std(dim=1).mean().item()
+
+        assert spread(head) > 5 * spread(fresh)
+    kept = build_kind("dflash", llama, {**args, "standardize_fc_init": False})
+    kept.fit_to_sample(sample)
+    assert torch.equal(kept.fc.weight, fresh.fc.weight)
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
