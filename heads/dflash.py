@@ -208,11 +208,10 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         shape = (1, *positions.shape, cos.shape[-1])
         return cos.to(self.dtype).reshape(shape), sin.to(self.dtype).reshape(shape)
 
-    @torch.no_grad()
     def fit_to_sample(self, sample: TargetBatch) -> None:
         """`standardize_fc_init` on the sample's features (B, T, F)."""
         if self.config.standardize_fc_init:
-            standardize_input_channels(self.fc, sample.features.to(self.fc.weight))
+            standardize_input_channels(self.fc, sample.features)
 
     def context(self, features: torch.Tensor, positions: torch.Tensor) -> Context:
         """Target features (B, C, F) of positions (C,) -> every layer's context keys and

@@ -185,6 +185,17 @@ def test_eagle3_norm_before_fc_bounds_massive_features(llama):
         assert plain.fuse(1000 * features).abs().mean() > 100 * plain.fuse(features).abs().mean()
 
 
+def _feature_sample(features: torch.Tensor) -> TargetBatch:
+    """A batch of training rows carrying `features` (B, T, F), for `fit_to_sample`."""
+    rows, length = features.shape[:2]
+    return TargetBatch(
+        input_ids=torch.zeros(rows, length, dtype=torch.long),
+        loss_mask=torch.ones(rows, length, dtype=torch.bool),
+        features=features,
+        target_logits=torch.zeros(rows, length, 256),
+    )
+
+
 @pytest.mark.parametrize("norm_before_fc", [False, True])
 def test_eagle3_fc_init_is_standardised_on_a_sample(norm_before_fc, llama):
     """Fitted on a sample with massive channels, fc's initial weights are the seeded ones divided
@@ -193,12 +204,7 @@ def test_eagle3_fc_init_is_standardised_on_a_sample(norm_before_fc, llama):
     head, fresh = build_kind("eagle3", llama, args), build_kind("eagle3", llama, args)
     features = torch.randn(2, 16, 3 * 64, generator=torch.Generator().manual_seed(0))
     features[..., [3, 70]] *= 5000.0  # massive activations
-    sample = TargetBatch(
-        input_ids=torch.zeros(2, 16, dtype=torch.long),
-        loss_mask=torch.ones(2, 16, dtype=torch.bool),
-        features=features,
-        target_logits=torch.zeros(2, 16, 256),
-    )
+    sample = _feature_sample(features)
     with torch.no_grad():
         head.fit_to_sample(sample)
         inputs = head.input_norm(features) if norm_before_fc else features
@@ -219,12 +225,7 @@ def test_dflash_fc_init_is_standardised_on_a_sample(llama):
     head, fresh = build_kind("dflash", llama, args), build_kind("dflash", llama, args)
     features = torch.randn(2, 16, 3 * 64, generator=torch.Generator().manual_seed(0))
     features[..., [3, 70]] += 5000.0  # massive activations, nearly the same at every position
-    sample = TargetBatch(
-        input_ids=torch.zeros(2, 16, dtype=torch.long),
-        loss_mask=torch.ones(2, 16, dtype=torch.bool),
-        features=features,
-        target_logits=torch.zeros(2, 16, 256),
-    )
+    sample = _feature_sample(features)
     head.fit_to_sample(sample)
     with torch.no_grad():
         torch.testing.assert_close(
