@@ -6,7 +6,9 @@ real target features) followed by mask rows for the positions ahead, and reads t
 block's draft distributions off it: the newest committed row's prediction, then one per mask
 row. None of them depends on a drafted token, so the drafted tokens are chosen from them
 (argmax, or sampled from each processed q, which keeps rejection sampling exact) as a chain, or
-as a tree whose every node of depth d takes its children from the block's distribution d.
+as a tree whose every node of depth d takes its children from the block's distribution d. A
+head whose rows also read the token before them (DSpark's Markov bias) still runs one forward;
+its rows' logits are then read one depth at a time, after the token before is chosen.
 Mask rows are dropped from the cache after the round: the cache only ever holds committed rows.
 """
 
@@ -49,11 +51,17 @@ class BlockDrafter(FeatureDrafter):
         """The head's block: one forward drafts up to `num_steps` tokens."""
         return self.head.num_steps
 
+    conditions_on_previous = False
+    """Whether a row's logits depend on the token drafted before it (`_row_logits`): then the
+    block's rows are read one depth at a time, each after the token before it is chosen."""
+
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         size = min(request.shape.depth, self.head.num_steps)
         with self.packed_weights():
             hidden = self._block(size)  # (1, size, H)
+        if self.conditions_on_previous:
+            return self._draft_sequentially(request, hidden)
         if request.shape.is_chain:
             builder = DraftBuilder(request, max_draft_tokens=size, support=self._d2t)
             for logits in self._target_logits(hidden):
@@ -65,6 +73,37 @@ class BlockDrafter(FeatureDrafter):
         tree = DynamicTree.for_request(request, shape, self._d2t, self.vocab_size)
         by_depth = self._draft_logits(hidden)  # (size, V_d): row d for the nodes of depth d + 1
         return tree.grow(by_depth[0], lambda nodes: by_depth[[tree.depths[n] for n in nodes]])
+
+    def _draft_sequentially(self, request: DraftRequest, hidden: torch.Tensor) -> Draft:
+        """`draft` from the block's outputs hidden (1, size, H) when each row's logits follow
+        the token before it: the chain's rows one at a time; a tree node of depth d takes its
+        children from row d after its own token."""
+        anchor = self._committed[-1]
+        size = hidden.shape[1]
+        if request.shape.is_chain:
+            builder = DraftBuilder(request, max_draft_tokens=size, support=self._d2t)
+            previous = anchor
+            for depth in range(size):
+                logits = self._row_logits(hidden[:, [depth]], [previous], on_target_vocab=True)
+                previous = builder.add(logits[0])
+                if builder.done:
+                    break
+            return builder.draft()
+        shape = replace(request.shape, depth=size)
+        tree = DynamicTree.for_request(request, shape, self._d2t, self.vocab_size)
+
+        def expand(nodes: list[int]) -> torch.Tensor:
+            rows = hidden[:, [tree.depths[n] for n in nodes]]
+            return self._row_logits(rows, [tree.tokens[n] for n in nodes])
+
+        return tree.grow(self._row_logits(hidden[:, :1], [anchor])[0], expand)
+
+    def _row_logits(
+        self, hidden: torch.Tensor, previous: list[int], on_target_vocab: bool = False
+    ) -> torch.Tensor:
+        """Block rows hidden (1, k, H) whose previous tokens are `previous` -> their logits,
+        as `_draft_logits` gives them; for heads that `conditions_on_previous`."""
+        raise NotImplementedError(f"{type(self).__name__} does not condition on previous tokens")
 
     def _block(self, size: int) -> torch.Tensor:
         """One head forward over the committed rows not yet cached and `size - 1` mask rows

@@ -22,6 +22,11 @@ t + 1 + d (the `DraftHead` alignment convention). speculators trains a random su
 (`max_anchors`) and weighs depth d by exp(-d / gamma) (`dflash_decay_gamma`, 4 by default): the
 objective's `step_decay` exp(-1 / gamma) gives the same weights, up to their normalisation.
 
+DSpark's options (`markov_rank`, `confidence_head`; `heads/dspark.py`) add a logit bias from
+each row's previous token (the anchor for depth 0, the drafted token before it after that;
+teacher-forced in training) and a head predicting each row's acceptance rate, trained through
+`auxiliary_loss`.
+
 Layout and names follow speculators' `dflash` (vLLM loads it): `fc`, `hidden_norm`,
 `layers.{i}.self_attn.{q,k,v,o}_proj / q_norm / k_norm`, `layers.{i}.mlp.*`, the layer norms
 and `norm`.
@@ -32,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
@@ -46,6 +52,12 @@ from draftsmith.heads.blocks import (
     text_config,
 )
 from draftsmith.heads.dflash_drafter import DFlashDrafter
+from draftsmith.heads.dspark import (
+    MARKOV_HEAD_TYPES,
+    ConfidenceHead,
+    MarkovHead,
+    acceptance_rate,
+)
 from draftsmith.heads.eagle3 import resolve_feature_layers
 from draftsmith.heads.trainable import DraftHead, StepsConfig
 from draftsmith.heads.vocab import DraftVocabConfig, DraftVocabulary
@@ -74,11 +86,36 @@ class DFlashConfig(DraftVocabConfig, StepsConfig):
     each feature channel divided by that channel's RMS over a sample of training rows. Without
     it a target's massive activations dominate the fused context, whose keys and values then
     barely differ from position to position. Only the initial weights change."""
+    markov_rank: int = 0
+    """DSpark's Markov head (`heads/dspark.py`): the rank of the logit bias each block row takes
+    from the token before it, so a row knows what the row before it drafted; 0: none (DFlash)."""
+    markov_head_type: str = "vanilla"
+    """vanilla (the previous token alone) or gated (scaled by a gate from the row's state)."""
+    confidence_head: bool = False
+    """DSpark's confidence head: each row's acceptance rate predicted from its state, trained
+    beside the drafter with binary cross-entropy against sum_v min(p_v, q_v)."""
+    confidence_head_with_markov: bool = True
+    """With a Markov head, the confidence head also reads the previous token's rank-r row."""
+    confidence_loss_weight: float = 1.0
+    """The confidence head's loss weight against the drafter's objective."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be at least 1, got {self.num_layers}")
+        if self.markov_rank < 0:
+            raise ValueError(
+                f"markov_rank must be >= 0 (0: no Markov head), got {self.markov_rank}"
+            )
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(
+                f"markov_head_type must be one of {', '.join(MARKOV_HEAD_TYPES)}, got "
+                f"{self.markov_head_type!r}"
+            )
+        if not self.confidence_loss_weight >= 0:
+            raise ValueError(
+                f"confidence_loss_weight must be >= 0, got {self.confidence_loss_weight}"
+            )
         if self.feature_layers is not None and not self.feature_layers:
             raise ValueError("feature_layers must name at least one layer (or be null)")
 
@@ -188,7 +225,22 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
             self.layers = nn.ModuleList(DFlashLayer(text) for _ in range(config.num_layers))
             self.norm = rms_norm(text)
             _, self.rotary = build_decoder_layer(text)
+            rank = config.markov_rank
+            self.markov_head = (
+                MarkovHead(
+                    vocab, config.draft_vocab_size or vocab, rank, hidden, config.markov_head_type
+                )
+                if rank
+                else None
+            )
+            self.confidence_reads_markov = bool(rank) and config.confidence_head_with_markov
+            self.confidence_head = (
+                ConfidenceHead(hidden + (rank if self.confidence_reads_markov else 0))
+                if config.confidence_head
+                else None
+            )
         self._target = None
+        self._auxiliary: torch.Tensor | None = None
 
     @property
     def mask_token_id(self) -> int:
@@ -240,10 +292,28 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         mask = anchors.new_full((anchors.shape[0], masked, anchors.shape[1]), self.mask_token_id)
         return torch.cat([anchors[:, None], mask], dim=1)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """Block outputs (..., H) -> logits (..., V_d) through `norm` and the target's LM head
-        (its draft-vocabulary rows)."""
-        return self.parts().logits(self.norm(hidden), vocab=self.draft_to_target())
+        (its draft-vocabulary rows), plus, with a Markov head, the bias of each row's previous
+        token, previous (...) target ids."""
+        normed = self.norm(hidden)
+        logits = self.parts().logits(normed, vocab=self.draft_to_target())
+        if self.markov_head is None:
+            return logits
+        if previous is None:
+            raise ValueError("a Markov head's logits need each row's previous token")
+        bias = self.markov_head(self.markov_head.embed(previous), normed)
+        return logits + bias.to(logits.dtype)
+
+    def confidence_logits(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """The confidence head's logits (...,) of block outputs (..., H) whose previous tokens
+        are previous (...)."""
+        if self.confidence_head is None:
+            raise ValueError("this DFlash head has no confidence head (confidence_head: false)")
+        features = [self.norm(hidden)]
+        if self.confidence_reads_markov:
+            features.append(self.markov_head.embed(previous).to(features[0].dtype))
+        return self.confidence_head(torch.cat(features, dim=-1))
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         """Every position t an anchor: K logits (B, T, V_d), depth d at t predicting token
@@ -267,7 +337,48 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         before = torch.ones(rows, rows, dtype=torch.bool).tril(-1)  # anchor t sees p < t
         hidden = self.run_block(self.block_ids(input_ids, self.num_steps), block, context, before)
         states = list(hidden[:, 1:].unbind(1))
-        return [self.logits(state) for state in states], states
+        # depth d at row t follows token t + d (the anchor itself at depth 0); rows past the end
+        # predict nothing the objective counts
+        previous = [F.pad(input_ids[:, d:], (0, d)) for d in range(self.num_steps)]
+        logits = [self.logits(s, p) for s, p in zip(states, previous, strict=True)]
+        if self.confidence_head is not None:
+            self._auxiliary = self._confidence_loss(batch, states, previous, logits)
+        return logits, states
+
+    def _confidence_loss(
+        self,
+        batch: TargetBatch,
+        states: list[torch.Tensor],
+        previous: list[torch.Tensor],
+        logits: list[torch.Tensor],
+    ) -> torch.Tensor | None:
+        """The confidence head's weighted binary cross-entropy against each depth's acceptance
+        rate, over the positions the objective counts (depth d at t: t + 1 + d inside the row,
+        loss_mask[t + d]); None without the target's logits."""
+        if batch.target_logits is None:
+            return None
+        target = batch.target_logits
+        d2t = self.draft_to_target()
+        if d2t is not None:
+            target = target.index_select(-1, d2t.to(target.device))
+        length = target.shape[1]
+        total, count = target.new_zeros((), dtype=torch.float32), 0
+        for d, (state, prev, step) in enumerate(zip(states, previous, logits, strict=True)):
+            n = length - 1 - d
+            if n <= 0:
+                continue
+            counted = batch.loss_mask[:, d : d + n].to(torch.bool)
+            with torch.no_grad():
+                rate = acceptance_rate(step[:, :n], target[:, d : d + n])
+            predicted = self.confidence_logits(state[:, :n], prev[:, :n]).float()
+            loss = F.binary_cross_entropy_with_logits(predicted, rate, reduction="none")
+            total = total + loss.where(counted, 0.0).sum()
+            count += int(counted.sum())
+        return self.config.confidence_loss_weight * total / max(count, 1)
+
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """The confidence head's loss of the latest `forward_train`, when there is one."""
+        return self._auxiliary
 
     def as_drafter(self, target: PreTrainedModel) -> DFlashDrafter:
         self.bind_target(target)

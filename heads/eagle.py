@@ -328,7 +328,13 @@ class FeatureDrafter(Drafter):
         """Predicted features (1, k, H) -> logits (k, V_d) over the head's draft vocabulary (the
         target's without a reduced one; a tree ranks its nodes on these columns alone), or (k, V)
         on the target's with on_target_vocab. A states hook sees them on the target's."""
-        logits = self.head.logits(hidden)[0].float()
+        return self._emit(self.head.logits(hidden)[0].float(), hidden, on_target_vocab)
+
+    def _emit(
+        self, logits: torch.Tensor, hidden: torch.Tensor, on_target_vocab: bool
+    ) -> torch.Tensor:
+        """`_draft_logits` of draft-vocabulary logits (k, V_d) already computed from the
+        predicted features (1, k, H)."""
         if not on_target_vocab and self._states_hook is None:
             return logits
         full = to_target_vocab(logits, self._d2t, self.vocab_size)

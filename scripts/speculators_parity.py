@@ -1,4 +1,4 @@
-"""EAGLE-3, P-EAGLE and DFlash parity against the speculators package's own model classes (code no one
+"""EAGLE-3, P-EAGLE, DFlash and DSpark parity against the speculators package's own model classes (code no one
 here wrote).
 
 Runs in the separate environment `scripts/speculators_env.sh` makes (speculators pins older
@@ -31,6 +31,12 @@ transformers and datasets than draftsmith), driven by tests/test_speculators_par
     python scripts/speculators_parity.py dflash-make VERIFIER OUT LAYERS DRAFT_VOCAB MASK_ID BLOCK LAYERS_N
         Build a random DFlash head with speculators (feature layers LAYERS, the draft vocabulary
         of `make`, mask token MASK_ID, block_size BLOCK, LAYERS_N decoder layers) and save it.
+    python scripts/speculators_parity.py dspark-logits FOLDER INPUTS OUT
+        As dflash-logits for FOLDER in speculators' dspark format (DSparkDraftModel): the
+        logits after its Markov bias and its confidence head's logits (`confidence`), as its
+        forward hands them to its loss.
+    python scripts/speculators_parity.py dspark-make VERIFIER OUT LAYERS DRAFT_VOCAB MASK_ID BLOCK LAYERS_N RANK TYPE
+        As dflash-make, with a Markov head of rank RANK and type TYPE and a confidence head.
 
 Offline throughout: the verifier is a local folder, never a hub id.
 """
@@ -46,6 +52,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from speculators.losses import resolve_loss_config  # noqa: E402
 from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  # noqa: E402
+from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig  # noqa: E402
+from speculators.models.dspark import core as dspark_core  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: E402
 from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig  # noqa: E402
 from speculators.models.peagle import core as peagle_core  # noqa: E402
@@ -110,10 +118,12 @@ def peagle_logits(folder: str, inputs: str, out: str) -> None:
     )
 
 
-def dflash_logits(folder: str, inputs: str, out: str) -> None:
-    config = DFlashSpeculatorConfig.from_pretrained(folder)
+def dflash_logits(
+    folder: str, inputs: str, out: str, config_class=DFlashSpeculatorConfig, model_class=None
+) -> None:
+    config = config_class.from_pretrained(folder)
     config.transformer_layer_config._attn_implementation = "eager"  # a dense mask on the CPU
-    model = DFlashDraftModel(config)
+    model = (model_class or DFlashDraftModel)(config)
     missing, unexpected = model.load_state_dict(
         load_file(os.path.join(folder, "model.safetensors")), strict=False
     )
@@ -134,6 +144,19 @@ def dflash_logits(folder: str, inputs: str, out: str) -> None:
         max_anchors=rows - model.block_size,  # every anchor it may take: sorted, no sampling
         loss_config=resolve_loss_config("kl_div", "eager"),
     )
+
+
+def dspark_logits(folder: str, inputs: str, out: str) -> None:
+    """DSpark's forward, its loss replaced by a recorder of what the loss is handed."""
+    seen = {}
+
+    def record(logits, targets, confidence_logits, *args, **kwargs):
+        seen.update(logits=logits.detach(), confidence=confidence_logits.detach())
+        return torch.zeros(()), {}
+
+    dspark_core.compute_metrics = record
+    dflash_logits(folder, inputs, out, DSparkSpeculatorConfig, DSparkDraftModel)
+    save_file({k: v.float().contiguous() for k, v in seen.items()}, out)
 
 
 def _draft_vocab(verifier: str, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +183,14 @@ def dflash_make(verifier: str, out: str, layers: str, draft_vocab: str, *args: s
     make(verifier, out, layers, int(draft_vocab), False, DFlashDraftModel, depth=depth,
          perturb=("layers.", "fc.", "hidden_norm.", "norm."),  # its LM head is frozen
          block_size=block, mask_token_id=mask_id)  # fmt: skip
+
+
+def dspark_make(verifier: str, out: str, layers: str, draft_vocab: str, *args: str) -> None:
+    mask_id, block, depth, rank = (int(a) for a in args[:4])
+    make(verifier, out, layers, int(draft_vocab), False, DSparkDraftModel, depth=depth,
+         perturb=("layers.", "fc.", "hidden_norm.", "norm.", "markov_head.", "confidence_head."),
+         block_size=block, mask_token_id=mask_id, markov_rank=rank, markov_head_type=args[4],
+         sample_from_anchor=False)  # fmt: skip
 
 
 def make(
@@ -209,5 +240,9 @@ if __name__ == "__main__":
         dflash_logits(*args)
     elif command == "dflash-make":
         dflash_make(*args)
+    elif command == "dspark-logits":
+        dspark_logits(*args)
+    elif command == "dspark-make":
+        dspark_make(*args)
     else:
         sys.exit(__doc__)

@@ -24,6 +24,10 @@ HEADS = {
     "peagle-reduced": ("peagle", {"num_steps": 3, "draft_vocab_size": 64}),
     "dflash": ("dflash", {"num_steps": 3, "feature_layers": [0, 1, 2], "num_layers": 2}),
     "dflash-reduced": ("dflash", {"num_steps": 3, "draft_vocab_size": 64}),
+    "dspark": (  # DFlash with DSpark's Markov and confidence heads
+        "dflash",
+        {"num_steps": 3, "draft_vocab_size": 64, "markov_rank": 8, "confidence_head": True},
+    ),
     "distilled": ("distilled", {}),
     "distilled-lora": ("distilled", {"lora_rank": 4}),
 }

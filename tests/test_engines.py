@@ -58,6 +58,12 @@ CASES = [
         {"num_steps": 3, "draft_vocab_size": 64, "num_layers": 2, "mask_token_id": 9},
         "speculators",
     ),
+    ("dflash", {"num_steps": 3, "markov_rank": 8, "confidence_head": True}, "speculators"),
+    (
+        "dflash",
+        {"num_steps": 3, "draft_vocab_size": 64, "markov_rank": 8, "markov_head_type": "gated"},
+        "speculators",
+    ),
     ("medusa", {"num_steps": 4}, "vllm-medusa"),
     ("medusa", {"num_steps": 3, "draft_vocab_size": 64}, "vllm-medusa"),
 ]
@@ -75,7 +81,9 @@ LAYOUTS = {
 def test_export_then_import_gives_the_same_drafts(kind, args, fmt, target, tmp_path):
     head = moved_head(kind, target, **args)
     export_head(head, target, tmp_path / "out", fmt, verifier="tiny")
-    assert foreign_layout(tmp_path / "out") == LAYOUTS.get((kind, fmt), fmt)
+    dspark = bool(args.get("markov_rank") or args.get("confidence_head"))
+    layout = "speculators-dspark" if dspark else LAYOUTS.get((kind, fmt), fmt)
+    assert foreign_layout(tmp_path / "out") == layout
     imported = import_head(tmp_path / "out", target)
     assert imported.target_feature_layers == head.target_feature_layers
     want, got = _drafts(head, target), _drafts(imported, target)
@@ -377,3 +385,29 @@ def test_a_qwen2_targets_head_exports_as_the_engines_llama_layer(fmt, tmp_path):
     export_head(head, qwen2, tmp_path / "out", fmt, verifier="t")
     imported = import_head(tmp_path / "out", qwen2)
     assert torch.equal(_drafts(imported, qwen2).tokens, _drafts(head, qwen2).tokens)
+
+
+def test_a_dspark_export_holds_the_markov_and_confidence_heads(target, tmp_path):
+    """A DFlash head with DSpark's heads is written as speculators' dspark: its config fields
+    and tensor names; an import reads them back, and refuses the recurrent variant it does not
+    compute."""
+    args = {"num_steps": 3, "markov_rank": 8, "markov_head_type": "gated", "confidence_head": True}
+    head = moved_head("dflash", target, **args)
+    export_head(head, target, tmp_path / "spec", "speculators", verifier="org/tiny")
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_model_type"] == config["speculators_config"]["algorithm"] == "dspark"
+    assert (config["markov_rank"], config["markov_head_type"]) == (8, "gated")
+    assert config["enable_confidence_head"] and config["confidence_head_with_markov"]
+    assert config["sample_from_anchor"] is False
+    tensors = load_file(str(tmp_path / "spec" / "model.safetensors"))
+    assert torch.equal(tensors["markov_head.markov_w1.weight"], head.markov_head.markov_w1.weight)
+    hidden = target.config.hidden_size
+    assert tensors["confidence_head.proj.weight"].shape == (1, hidden + 8)  # with W1's row
+    assert "markov_head.gate_proj.bias" in tensors
+    imported = import_head(tmp_path / "spec", target)
+    assert imported.config.markov_rank == 8 and imported.confidence_head is not None
+
+    config["markov_head_type"] = "rnn"
+    (tmp_path / "spec" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="markov_head_type 'rnn' is a DSpark variant"):
+        import_head(tmp_path / "spec", target)

@@ -193,16 +193,24 @@ def _model_sequence_distribution(model, params: SamplingParams, first: int, leng
 @pytest.mark.parametrize(
     "tree", [None, TreeShape(top_k=2, depth=3, total_tokens=5)], ids=["chain", "tree"]
 )
-@pytest.mark.parametrize("kind", ["peagle", "dflash"])
-def test_a_block_drafters_sequences_follow_the_target(kind, tree):
+@pytest.mark.parametrize(
+    ("kind", "args"),
+    [("peagle", {}), ("dflash", {}), ("dflash", {"markov_rank": 4, "markov_head_type": "gated"})],
+    ids=["peagle", "dflash", "dspark"],
+)
+def test_a_block_drafters_sequences_follow_the_target(kind, args, tree):
     """A block drafter (P-EAGLE, DFlash) drafts a block's tokens from distributions that
-    ignore the tokens drafted before them: verified by the rejection rule, the output still
-    follows the target."""
+    ignore the tokens drafted before them, or, with DSpark's Markov head, depend on the one
+    before each: verified by the rejection rule, the output still follows the target."""
     target = tiny_model("llama", seed=4, vocab_size=4)
-    head = build_head(kind, target, {"num_steps": 3})
+    head = build_head(kind, target, {"num_steps": 3, **args})
     with torch.no_grad():  # a head whose drafts the target sometimes takes, sometimes not
         # the weight just before the LM head (DFlash shares the target's, left alone)
         (head.lm_head if kind == "peagle" else head.norm).weight.mul_(40.0)
+        if args:  # a Markov bias as large as the logits: each row follows the token before
+            head.markov_head.markov_w1.weight.normal_(
+                0.0, 3.0, generator=torch.Generator().manual_seed(0)
+            )
     policy = FixedPolicy(max_draft_tokens=3) if tree is None else FixedPolicy(tree=tree)
     decoder = SpeculativeDecoder(target, head.as_drafter(target), policy=policy)
     n = 1200

@@ -1,4 +1,4 @@
-"""EAGLE-3 and P-EAGLE parity with the speculators package's own model classes, in both
+"""EAGLE-3, P-EAGLE, DFlash and DSpark parity with the speculators package's own model classes, in both
 directions: our speculators export loaded by speculators, and a head built and saved by
 speculators imported here, each giving the same draft logits on the same inputs (a tiny random
 target; for P-EAGLE every depth of the block at every row).
@@ -203,3 +203,52 @@ def test_a_dflash_head_saved_by_speculators_imports_and_drafts_the_same(target, 
     features, input_ids, inputs = _dflash_inputs(target, head, tmp_path)
     _speculators("dflash-logits", made, str(inputs), str(tmp_path / "theirs.st"))
     _dflash_parity(head, features, input_ids, load_file(str(tmp_path / "theirs.st"))["logits"])
+
+
+def _dspark_parity(head, features, input_ids, theirs: dict[str, torch.Tensor]) -> None:
+    """`_dflash_parity` of the logits after the Markov bias, and the confidence head's logits
+    of every mask row (depth d at anchor t follows token t + d)."""
+    _dflash_parity(head, features, input_ids, theirs["logits"])
+    block = head.num_steps + 1
+    anchors = input_ids.shape[1] - block
+    batch = TargetBatch(input_ids, torch.ones_like(input_ids, dtype=torch.bool), features, None)
+    with torch.no_grad():
+        _, states = head.forward_states(batch)
+        ours = torch.stack(
+            [
+                head.confidence_logits(state[0, :anchors], input_ids[0, d : d + anchors])
+                for d, state in enumerate(states)
+            ],
+            dim=1,
+        )
+    confidence = theirs["confidence"].reshape(anchors, block)[:, 1:]
+    torch.testing.assert_close(confidence, ours, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("markov_head_type", ["vanilla", "gated"])
+def test_speculators_loads_our_dspark_export_and_drafts_the_same_blocks(
+    markov_head_type, target, tmp_path
+):
+    args = {"num_steps": 3, "draft_vocab_size": 64, "markov_rank": 8, "confidence_head": True}
+    head = moved_head("dflash", target, markov_head_type=markov_head_type, **args)
+    target.save_pretrained(tmp_path / "verifier")
+    export_head(head, target, tmp_path / "spec", "speculators", verifier=str(tmp_path / "verifier"))
+    features, input_ids, inputs = _dflash_inputs(target, head, tmp_path)
+    _speculators("dspark-logits", str(tmp_path / "spec"), str(inputs), str(tmp_path / "th.st"))
+    _dspark_parity(head, features, input_ids, load_file(str(tmp_path / "th.st")))
+
+
+def test_a_dspark_head_saved_by_speculators_imports_and_drafts_the_same(target, tmp_path):
+    target.save_pretrained(tmp_path / "verifier")
+    made = str(tmp_path / "made")
+    verifier = str(tmp_path / "verifier")
+    _speculators("dspark-make", verifier, made, "2,4,5", "64", "9", "4", "1", "16", "gated")
+    head = import_head(tmp_path / "made", target)
+    assert (head.num_steps, head.config.markov_rank, head.config.markov_head_type) == (
+        3,
+        16,
+        "gated",
+    )
+    features, input_ids, inputs = _dflash_inputs(target, head, tmp_path)
+    _speculators("dspark-logits", made, str(inputs), str(tmp_path / "theirs.st"))
+    _dspark_parity(head, features, input_ids, load_file(str(tmp_path / "theirs.st")))

@@ -420,13 +420,19 @@ def test_every_real_head_kind_trains_and_exports(kind, tmp_path, corpus, target,
     assert drafter.vocab_size == target.config.vocab_size
 
 
-@pytest.mark.parametrize("kind", ["peagle", "dflash"])
-def test_a_few_steps_of_a_block_head_lower_its_loss(kind, tmp_path, corpus, target, tokenizer):
-    """The block objective trains: the loss over every depth falls, and every depth (the
-    block's first prediction, then the mask rows after it) agrees with the target somewhere
-    held out."""
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [("peagle", {}), ("dflash", {}), ("dflash", {"markov_rank": 8, "confidence_head": True})],
+    ids=["peagle", "dflash", "dspark"],
+)
+def test_a_few_steps_of_a_block_head_lower_its_loss(
+    kind, extra, tmp_path, corpus, target, tokenizer
+):
+    """The block objective trains (with DSpark's heads, their loss too): the loss over every
+    depth falls, and every depth (the block's first prediction, then the mask rows after it)
+    agrees with the target somewhere held out."""
     out = tmp_path / kind
-    head_args = {"num_steps": 3, "draft_vocab_size": 64}
+    head_args = {"num_steps": 3, "draft_vocab_size": 64, **extra}
     raw = recipe(corpus, out, head=kind, head_args=head_args, max_steps=16, lr=3e-3)
     result = train(config_of(raw, tmp_path), target=target, tokenizer=tokenizer)
     losses = [r["loss"] for r in metrics(out, "train")]

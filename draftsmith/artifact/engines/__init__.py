@@ -62,6 +62,7 @@ READERS: Registry[tuple[str, Callable[..., Any], tuple[str, ...]]] = Registry("e
 READERS.add("speculators", ("eagle3", read_speculators, ("model.safetensors",)))
 READERS.add("speculators-peagle", ("peagle", read_speculators_peagle, ("model.safetensors",)))
 READERS.add("speculators-dflash", ("dflash", read_speculators_dflash, ("model.safetensors",)))
+READERS.add("speculators-dspark", ("dflash", read_speculators_dflash, ("model.safetensors",)))
 READERS.add("eagle", ("eagle3", read_eagle, ("model.safetensors",)))
 READERS.add("vllm-medusa", ("medusa", read_vllm_medusa, ("model.safetensors",)))
 READERS.add("medusa-repo", ("medusa", read_medusa_repo, ("medusa_lm_head.safetensors",)))
@@ -99,7 +100,7 @@ def foreign_layout(path: str | os.PathLike) -> str | None:
         return None
     if "speculators_model_type" in config:
         kind = config["speculators_model_type"]
-        return f"speculators-{kind}" if kind in ("peagle", "dflash") else "speculators"
+        return f"speculators-{kind}" if kind in ("peagle", "dflash", "dspark") else "speculators"
     if config.get("model_type") == "medusa":
         return "vllm-medusa"
     if "medusa_num_heads" in config:

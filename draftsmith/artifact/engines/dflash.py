@@ -1,4 +1,7 @@
-"""DFlash heads in speculators' `dflash` format (what vLLM serves as DFlash).
+"""DFlash heads in speculators' `dflash` format (what vLLM serves as DFlash), and those with
+DSpark's Markov or confidence head in its `dspark` format (the `dflash` config plus
+`markov_rank`, `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov`;
+the tensors `markov_head.*` and `confidence_head.*` keep their names).
 
 The head's own tensors keep their names (`fc`, `hidden_norm`, `layers.{i}.*`, `norm`); the
 config holds the block (`block_size`: the anchor and the K mask rows), the mask token, the
@@ -34,6 +37,7 @@ from draftsmith.artifact.engines.eagle3 import (
     proposal_config,
 )
 from draftsmith.heads.dflash import DFlashLayer
+from draftsmith.heads.dspark import MARKOV_HEAD_TYPES
 from draftsmith.heads.trainable import DraftHead
 
 
@@ -53,9 +57,10 @@ def write_speculators_dflash(
     layer.num_hidden_layers = len(head.layers)
     vocab = text.vocab_size
     ids = engine_layer_ids(list(head.target_feature_layers), text.num_hidden_layers, "vllm")
+    algorithm = "dspark" if is_dspark(head) else "dflash"
     config = {
-        "architectures": ["DFlashDraftModel"],
-        "speculators_model_type": "dflash",
+        "architectures": ["DSparkSpeculator" if algorithm == "dspark" else "DFlashDraftModel"],
+        "speculators_model_type": algorithm,
         "speculators_version": SPECULATORS_VERSION,
         "draft_vocab_size": head.draft_vocab_size or vocab,
         "block_size": head.num_steps + 1,
@@ -65,14 +70,26 @@ def write_speculators_dflash(
         "sliding_window_non_causal": False,
         "sample_from_anchor": False,
         "transformer_layer_config": layer.to_diff_dict(),
-        "speculators_config": proposal_config("dflash", draft_tokens, verifier, target),
+        "speculators_config": proposal_config(algorithm, draft_tokens, verifier, target),
     }
+    if algorithm == "dspark":
+        config.update(
+            markov_rank=head.config.markov_rank,
+            markov_head_type=head.config.markov_head_type,
+            enable_confidence_head=head.confidence_head is not None,
+            confidence_head_with_markov=head.confidence_reads_markov,
+        )
     tensors = {n: t for n, t in head.state_dict().items() if n not in ("d2t", "t2d")}
     if head.draft_vocab_size is not None:  # the LM head's draft rows (frozen, as the target's)
         rows = target.get_output_embeddings().weight[head.d2t.to(target.device)]
         tensors["lm_head.weight"] = rows
         tensors["d2t"], tensors["t2d"] = d2t_offsets(head.d2t), t2d_mask(head.d2t, vocab)
     write_checkpoint(out, config, tensors)
+
+
+def is_dspark(head: DraftHead) -> bool:
+    """Whether a DFlash head carries DSpark's Markov or confidence head."""
+    return head.markov_head is not None or head.confidence_head is not None
 
 
 def _check_layers(head: DraftHead, layer_config) -> None:
@@ -91,8 +108,9 @@ def _check_layers(head: DraftHead, layer_config) -> None:
 def read_speculators_dflash(
     config: dict[str, Any], tensors: dict[str, torch.Tensor], target: PreTrainedModel, where: Path
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A speculators DFlash checkpoint as draftsmith's (head config, state dict)."""
-    check_speculators_type(config, "dflash", where)
+    """A speculators DFlash or DSpark checkpoint as draftsmith's (head config, state dict)."""
+    dspark = config.get("speculators_model_type") == "dspark"
+    check_speculators_type(config, "dspark" if dspark else "dflash", where)
     if config.get("sample_from_anchor"):
         raise ValueError(
             f"{where}: sample_from_anchor: true (the anchor row drafts too, DSpark's default) is "
@@ -131,4 +149,23 @@ def read_speculators_dflash(
         num_layers=int(layer.get("num_hidden_layers", 1)),
         mask_token_id=int(config["mask_token_id"]),
     )
+    if dspark:
+        args.update(_dspark_args(config, where))
     return args, state
+
+
+def _dspark_args(config: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The DFlash config fields of a DSpark checkpoint's Markov and confidence heads (its
+    defaults where a field is absent, as speculators reads them)."""
+    head_type = config.get("markov_head_type", "vanilla")
+    if head_type not in MARKOV_HEAD_TYPES:
+        raise ValueError(
+            f"{where}: markov_head_type {head_type!r} is a DSpark variant draftsmith does not "
+            f"compute (it computes {', '.join(MARKOV_HEAD_TYPES)})"
+        )
+    return {
+        "markov_rank": int(config.get("markov_rank", 256)),
+        "markov_head_type": head_type,
+        "confidence_head": bool(config.get("enable_confidence_head", True)),
+        "confidence_head_with_markov": bool(config.get("confidence_head_with_markov", True)),
+    }

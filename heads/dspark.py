@@ -1,0 +1,82 @@
+"""DSpark's two additions to a DFlash head: a Markov logit bias and a confidence head.
+
+A DFlash block predicts every row from the context and mask tokens alone, so no row knows which
+token the row before it drafted. The Markov head adds a low-rank bias from that previous token
+to each row's draft logits, ``B[prev] = W2 W1[prev]`` (W1: one rank-r row per target id, W2:
+rank r -> draft vocabulary), optionally gated by the row's hidden state. Drafting then picks the
+block's tokens one row at a time, but the rows' hidden states still come from one forward: the
+bias is an embedding lookup and one small matrix product a row.
+
+The confidence head is a linear read of each row's hidden state (and the previous token's W1
+row) giving the logit of that row's acceptance rate, trained against the rate the target's
+distribution gives the row's draft distribution, ``sum_v min(p_v, q_v)`` (one minus their total
+variation: the chance rejection sampling accepts the drafted token).
+
+Names and shapes follow speculators' `dspark` (`markov_head.markov_w1 / markov_w2 / gate_proj`,
+`confidence_head.proj`), so an export is a renaming. Its recurrent variant (`rnn`) is not
+computed here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MARKOV_HEAD_TYPES = ("vanilla", "gated")
+"""vanilla: the bias depends on the previous token alone; gated: a sigmoid gate from the row's
+hidden state and the previous token scales its rank-r embedding first."""
+
+
+class MarkovHead(nn.Module):
+    """Low-rank logit bias from the previous token of a block row."""
+
+    def __init__(
+        self, vocab_size: int, draft_vocab_size: int, rank: int, hidden_size: int, head_type: str
+    ) -> None:
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"markov_rank must be at least 1 for a Markov head, got {rank}")
+        if head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(
+                f"markov_head_type must be one of {', '.join(MARKOV_HEAD_TYPES)}, got {head_type!r}"
+            )
+        self.head_type = head_type
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        nn.init.normal_(self.markov_w1.weight, std=0.01)  # starts as a near-zero bias
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
+        if head_type == "gated":
+            self.gate_proj = nn.Linear(hidden_size + rank, rank)
+
+    def embed(self, previous: torch.Tensor) -> torch.Tensor:
+        """previous (...) target ids -> their W1 rows (..., r)."""
+        return self.markov_w1(previous)
+
+    def forward(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The bias (..., V_d) of rows whose previous tokens' W1 rows are embedded (..., r) and
+        whose normalised hidden states are hidden (..., H)."""
+        embedded = embedded.to(self.markov_w2.weight.dtype)
+        if self.head_type == "gated":
+            gate = self.gate_proj(torch.cat([hidden.to(embedded.dtype), embedded], dim=-1))
+            embedded = torch.sigmoid(gate) * embedded
+        return self.markov_w2(embedded)
+
+
+class ConfidenceHead(nn.Module):
+    """Logit of a block row's acceptance rate, linear in its features."""
+
+    def __init__(self, input_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(input_size, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """features (..., F) -> logits (...,)."""
+        return self.proj(features.to(self.proj.weight.dtype)).squeeze(-1)
+
+
+def acceptance_rate(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """The chance rejection sampling accepts a token drawn from q = softmax(draft_logits) under
+    p = softmax(target_logits), both (..., V) over the same ids: sum_v min(p_v, q_v), (...,)
+    float32."""
+    q = draft_logits.float().softmax(-1)
+    p = target_logits.float().softmax(-1)
+    return torch.minimum(p, q).sum(-1)
