@@ -54,6 +54,7 @@ from draftsmith.heads.blocks import (
 from draftsmith.heads.dflash_drafter import DFlashDrafter
 from draftsmith.heads.dspark import (
     MARKOV_HEAD_TYPES,
+    BlockConfidence,
     ConfidenceHead,
     MarkovHead,
     acceptance_rate,
@@ -305,15 +306,20 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         bias = self.markov_head(self.markov_head.embed(previous), normed)
         return logits + bias.to(logits.dtype)
 
-    def confidence_logits(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-        """The confidence head's logits (...,) of block outputs (..., H) whose previous tokens
-        are previous (...)."""
+    def states(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """What a learned acceptance head reads of block outputs (..., H) whose previous tokens
+        are previous (...): the outputs themselves, or, with a confidence head, its features
+        (..., `state_size`): the normalised outputs, then the previous tokens' Markov rows."""
         if self.confidence_head is None:
-            raise ValueError("this DFlash head has no confidence head (confidence_head: false)")
+            return hidden
         features = [self.norm(hidden)]
         if self.confidence_reads_markov:
             features.append(self.markov_head.embed(previous).to(features[0].dtype))
-        return self.confidence_head(torch.cat(features, dim=-1))
+        return torch.cat(features, dim=-1)
+
+    def own_acceptance(self) -> BlockConfidence | None:
+        """The confidence head, reading the states the head exposes."""
+        return None if self.confidence_head is None else BlockConfidence(self.confidence_head)
 
     def forward_train(self, batch: TargetBatch) -> list[torch.Tensor]:
         """Every position t an anchor: K logits (B, T, V_d), depth d at t predicting token
@@ -322,11 +328,14 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
 
     @property
     def state_size(self) -> int:
-        return self.hidden_size
+        if self.confidence_head is None:
+            return self.hidden_size
+        return self.confidence_head.proj.in_features
 
     def forward_states(self, batch: TargetBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """`forward_train`'s K logits and the block outputs (B, T, H) they are computed from
-        (what the drafter hands a learned acceptance head), depth by depth."""
+        """`forward_train`'s K logits and the `states` (B, T, state_size) of the block outputs
+        they are computed from (what the drafter hands a learned acceptance head), depth by
+        depth."""
         if batch.features is None:
             raise ValueError(f"{self.kind} reads target features: batch.features is None")
         input_ids = batch.input_ids
@@ -336,20 +345,20 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         block = positions + torch.arange(self.num_steps + 1, device=positions.device)[:, None]
         before = torch.ones(rows, rows, dtype=torch.bool).tril(-1)  # anchor t sees p < t
         hidden = self.run_block(self.block_ids(input_ids, self.num_steps), block, context, before)
-        states = list(hidden[:, 1:].unbind(1))
+        outputs = list(hidden[:, 1:].unbind(1))
         # depth d at row t follows token t + d (the anchor itself at depth 0); rows past the end
         # predict nothing the objective counts
         previous = [F.pad(input_ids[:, d:], (0, d)) for d in range(self.num_steps)]
-        logits = [self.logits(s, p) for s, p in zip(states, previous, strict=True)]
+        logits = [self.logits(h, p) for h, p in zip(outputs, previous, strict=True)]
+        states = [self.states(h, p) for h, p in zip(outputs, previous, strict=True)]
         if self.confidence_head is not None:
-            self._auxiliary = self._confidence_loss(batch, states, previous, logits)
+            self._auxiliary = self._confidence_loss(batch, states, logits)
         return logits, states
 
     def _confidence_loss(
         self,
         batch: TargetBatch,
         states: list[torch.Tensor],
-        previous: list[torch.Tensor],
         logits: list[torch.Tensor],
     ) -> torch.Tensor | None:
         """The confidence head's weighted binary cross-entropy against each depth's acceptance
@@ -363,14 +372,14 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
             target = target.index_select(-1, d2t.to(target.device))
         length = target.shape[1]
         total, count = target.new_zeros((), dtype=torch.float32), 0
-        for d, (state, prev, step) in enumerate(zip(states, previous, logits, strict=True)):
+        for d, (state, step) in enumerate(zip(states, logits, strict=True)):
             n = length - 1 - d
             if n <= 0:
                 continue
             counted = batch.loss_mask[:, d : d + n].to(torch.bool)
             with torch.no_grad():
                 rate = acceptance_rate(step[:, :n], target[:, d : d + n])
-            predicted = self.confidence_logits(state[:, :n], prev[:, :n]).float()
+            predicted = self.confidence_head(state[:, :n]).float()
             loss = F.binary_cross_entropy_with_logits(predicted, rate, reduction="none")
             total = total + loss.where(counted, 0.0).sum()
             count += int(counted.sum())

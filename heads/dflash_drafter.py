@@ -20,13 +20,18 @@ class DFlashDrafter(BlockDrafter):
 
     def __init__(self, head, vocab_size: int, int4: bool | None = None) -> None:
         super().__init__(head, vocab_size, int4)
-        self.conditions_on_previous = head.markov_head is not None
+        self.state_size = head.state_size
+        # a confidence head's states read the previous token too
+        self.conditions_on_previous = (
+            head.markov_head is not None or head.confidence_head is not None
+        )
 
     def _row_logits(
         self, hidden: torch.Tensor, previous: list[int], on_target_vocab: bool = False
     ) -> torch.Tensor:
-        logits = self.head.logits(hidden, torch.tensor([previous]))[0].float()
-        return self._emit(logits, hidden, on_target_vocab)
+        previous = torch.tensor([previous])
+        logits = self.head.logits(hidden, previous)[0].float()
+        return self._emit(logits, self.head.states(hidden, previous), on_target_vocab)
 
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         super().start(prompt_ids, target_features)

@@ -19,6 +19,8 @@ computed here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -71,6 +73,32 @@ class ConfidenceHead(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features (..., F) -> logits (...,)."""
         return self.proj(features.to(self.proj.weight.dtype)).squeeze(-1)
+
+
+class BlockConfidence(nn.Module):
+    """A confidence head as its drafter's own learned acceptance head (the protocol of
+    `AcceptanceHead`: `predict(states, signals)`): the states its head exposes are the
+    confidence head's features, and it reads no signal."""
+
+    signals: tuple[str, ...] = ()
+
+    def __init__(self, confidence: ConfidenceHead) -> None:
+        super().__init__()
+        self.confidence = confidence
+        self.state_size = confidence.proj.in_features
+
+    def forward(self, states: torch.Tensor, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """states (..., F) -> logits (...,) of acceptance, float32."""
+        if states.shape[-1] != self.state_size:
+            raise ValueError(
+                f"the confidence head reads states of width {self.state_size}, got "
+                f"{tuple(states.shape)}: were they exposed by its own drafter?"
+            )
+        return self.confidence(states.to(self.confidence.proj.weight.device)).float()
+
+    def predict(self, states: torch.Tensor, signals: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """P(accept) (...,) in (0, 1) float32, inputs as `forward`."""
+        return torch.sigmoid(self.forward(states, signals))
 
 
 def acceptance_rate(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:

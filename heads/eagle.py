@@ -331,16 +331,21 @@ class FeatureDrafter(Drafter):
         return self._emit(self.head.logits(hidden)[0].float(), hidden, on_target_vocab)
 
     def _emit(
-        self, logits: torch.Tensor, hidden: torch.Tensor, on_target_vocab: bool
+        self, logits: torch.Tensor, states: torch.Tensor, on_target_vocab: bool
     ) -> torch.Tensor:
-        """`_draft_logits` of draft-vocabulary logits (k, V_d) already computed from the
-        predicted features (1, k, H)."""
+        """`_draft_logits` of draft-vocabulary logits (k, V_d) already computed, behind which
+        are states (1, k, state_size), what a states hook sees."""
         if not on_target_vocab and self._states_hook is None:
             return logits
         full = to_target_vocab(logits, self._d2t, self.vocab_size)
         if self._states_hook is not None:
-            self._states_hook(full, hidden[0])
+            self._states_hook(full, states[0])
         return full if on_target_vocab else logits
+
+    def acceptance_head(self) -> nn.Module | None:
+        """A learned acceptance head trained as part of the head (`DraftHead.own_acceptance`,
+        DSpark's confidence head), reading the states `expose_states` hands out; or None."""
+        return self.head.own_acceptance()
 
     def expose_states(self, hook: StatesHook | None) -> None:
         self._states_hook = hook

@@ -105,6 +105,12 @@ class DraftHead(nn.Module, ABC):
             "acceptance head reads: train one on an eagle, eagle3, peagle or dflash head"
         )
 
+    def own_acceptance(self) -> nn.Module | None:
+        """A learned acceptance head trained as part of the head (DSpark's confidence head), in
+        `AcceptanceHead`'s protocol, reading the states `forward_states` returns and the drafter
+        exposes; None: the kind has none."""
+        return None
+
     def fit_to_sample(self, sample: TargetBatch) -> None:
         """Set what a kind fits to data once, before training (EAGLE-3's fc initialisation),
         from a sample of the training rows with their target features (heads that read target

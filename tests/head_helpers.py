@@ -88,6 +88,8 @@ def fit(head: DraftHead, target, steps: int = 60) -> DraftHead:
             loss = loss + F.cross_entropy(
                 logits[:, :n].flatten(0, 1), labels[:, k : k + n].flatten(), ignore_index=-1
             )
+        if head.own_acceptance() is not None:  # a confidence head trains with its head
+            loss = loss + head.auxiliary_loss()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -357,7 +357,8 @@ def target_dir(target, byte_tokenizer, tmp_path_factory):
     return folder
 
 
-def test_draftsmith_calibrate_fits_platt_on_the_head(artifact, target_dir, tmp_path, capsys):
+def calibrate_on_the_head(artifact, target_dir, tmp_path) -> None:
+    """`draftsmith calibrate --method platt --signals acceptance_head` on a little code."""
     texts = [f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 3 for i in range(12)]
     data = tmp_path / "heldout.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
@@ -366,6 +367,10 @@ def test_draftsmith_calibrate_fits_platt_on_the_head(artifact, target_dir, tmp_p
         + ["--method", "platt", "--signals", "acceptance_head", "--dtype", "float32"]
         + ["--seq-len", "64"]
     )
+
+
+def test_draftsmith_calibrate_fits_platt_on_the_head(artifact, target_dir, tmp_path, capsys):
+    calibrate_on_the_head(artifact, target_dir, tmp_path)
     saved = json.loads((artifact / "calibration.json").read_text())
     assert saved["signals"] == ["acceptance_head"] and saved["n_eval"] > 0
     assert "calibrator: platt on acceptance_head" in capsys.readouterr().out
@@ -379,3 +384,55 @@ def test_calibrating_the_head_of_an_artifact_without_one_names_the_fix(
         main(["calibrate", str(path), "--target", "never-loaded", "--data", "x.jsonl"]
              + ["--signals", "acceptance_head"])  # fmt: skip
     assert "has no learned acceptance head: train one into it" in capsys.readouterr().err
+
+
+# -- a head's own confidence head (DSpark) --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dspark(target, tmp_path_factory):
+    """A DFlash head with DSpark's Markov and confidence heads, fitted with its confidence loss,
+    saved as an artifact (no separate acceptance head file)."""
+    torch.manual_seed(0)
+    head = fit(build_head("dspark", target), target, steps=40)
+    path = tmp_path_factory.mktemp("dspark") / "drafter"
+    save_artifact(head, target, path, training={"steps": 40}, target_name_or_path="tiny")
+    return head, path
+
+
+def test_a_confidence_head_is_its_drafters_acceptance_head(dspark, target):
+    """Teacher-forced records carry the confidence head's P(accept) as `acceptance_head`, the
+    head's own states fed to it; it ranks accepted tokens above rejected ones."""
+    head, _ = dspark
+    own = head.own_acceptance()
+    assert (
+        own is not None and own.state_size == head.state_size == head.as_drafter(target).state_size
+    )
+    records = collect_teacher_forced(head, target, documents(target), acceptance=own)
+    probs = torch.tensor(records["acceptance_head"])
+    accepted = torch.tensor(records["accepted"]).bool()
+    assert accepted.any() and (~accepted).any()
+    assert probs[accepted].mean() > probs[~accepted].mean()
+
+
+def test_draftsmith_calibrate_fits_platt_on_a_confidence_head_and_decodes_with_it(
+    dspark, target, target_dir, tmp_path, capsys
+):
+    """`calibrate --signals acceptance_head` reads a DSpark head's own confidence head (the
+    artifact holds no acceptance head file); the calibrated model is then the policy's, a
+    `LearnedAcceptance` on the drafter's confidence head, and decoding stays lossless."""
+    _, saved = dspark
+    artifact = shutil.copytree(saved, tmp_path / "artifact")
+    calibrate_on_the_head(artifact, target_dir, tmp_path)
+    assert json.loads((artifact / "calibration.json").read_text())["n_eval"] > 0
+    assert "calibrator: platt on acceptance_head" in capsys.readouterr().out
+
+    drafter = load_drafter(artifact, target)
+    model = load_acceptance_model(artifact, drafter)
+    assert isinstance(model, LearnedAcceptance) and model.head.state_size == drafter.state_size
+    decoder = SpeculativeDecoder(
+        target, drafter, policy=build_policy("specdec++", acceptance=model)
+    )
+    result = decoder.generate(PROMPTS[0], max_new_tokens=10)
+    assert result.tokens == greedy_reference(target, torch.tensor(PROMPTS[0]), 10)
+    assert result.stats.drafted > 0

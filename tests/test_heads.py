@@ -235,7 +235,7 @@ def test_a_dspark_confidence_head_learns_each_rows_acceptance_rate(llama):
             logits, states = head.forward_states(batch)
             target = batch.target_logits[..., head.draft_to_target()]
             rate = acceptance_rate(logits[0][:, :-1], target[:, :-1])
-            predicted = head.confidence_logits(states[0][:, :-1], input_ids[:, :-1]).sigmoid()
+            predicted = head.own_acceptance().predict(states[0][:, :-1], {})
             return float((predicted - rate).abs().mean())
 
     before = error()

@@ -214,13 +214,8 @@ def _dspark_parity(head, features, input_ids, theirs: dict[str, torch.Tensor]) -
     batch = TargetBatch(input_ids, torch.ones_like(input_ids, dtype=torch.bool), features, None)
     with torch.no_grad():
         _, states = head.forward_states(batch)
-        ours = torch.stack(
-            [
-                head.confidence_logits(state[0, :anchors], input_ids[0, d : d + anchors])
-                for d, state in enumerate(states)
-            ],
-            dim=1,
-        )
+        # the states a DSpark head exposes are its confidence head's features
+        ours = torch.stack([head.confidence_head(state[0, :anchors]) for state in states], dim=1)
     confidence = theirs["confidence"].reshape(anchors, block)[:, 1:]
     torch.testing.assert_close(confidence, ours, rtol=1e-4, atol=1e-4)
 

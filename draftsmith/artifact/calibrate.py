@@ -25,6 +25,7 @@ from draftsmith.artifact.load import (
     load_acceptance_model,
     load_head,
     read_artifact_config,
+    trains_own_acceptance,
 )
 from draftsmith.calibration.calibrators import Calibrator, calibrator_class
 from draftsmith.calibration.collect import collect_heldout
@@ -60,6 +61,8 @@ class ArtifactCalibration:
         in the result (default: its name_or_path)."""
         head = load_head(self.artifact, target)
         acceptance = load_acceptance_head(self.artifact, head.state_size)
+        if acceptance is None:  # the head's own (DSpark's confidence head), or none
+            acceptance = head.own_acceptance()
         if acceptance is not None:
             acceptance = acceptance.to(target.device)
         records = collect_heldout(
@@ -174,7 +177,8 @@ def check_calibration_target(artifact: Path, signals: tuple[str, ...]) -> None:
             "--target NAME --out ARTIFACT), then calibrate ARTIFACT"
         )
     config = read_artifact_config(artifact)
-    if ACCEPTANCE_HEAD_SIGNAL in signals and ACCEPTANCE_ENTRY not in config:
+    learned = ACCEPTANCE_ENTRY in config or trains_own_acceptance(config)
+    if ACCEPTANCE_HEAD_SIGNAL in signals and not learned:
         raise ValueError(
             f"--signals names {ACCEPTANCE_HEAD_SIGNAL}, but {artifact} has no learned "
             "acceptance head: train one into it (recipes/smollm2-135m/acceptance-head.yaml) "

@@ -26,6 +26,7 @@ from draftsmith.core.signals import ACCEPTANCE_HEAD_SIGNAL, AcceptanceModel
 from draftsmith.heads import Drafter
 from draftsmith.heads.acceptance import AcceptanceHead
 from draftsmith.heads.blocks import to_target_precision
+from draftsmith.heads.eagle import FeatureDrafter
 from draftsmith.heads.learned_acceptance import LearnedAcceptance
 from draftsmith.heads.trainable import DraftHead, head_class, head_config
 
@@ -66,12 +67,23 @@ def load_acceptance_model(
     if ACCEPTANCE_HEAD_SIGNAL not in calibrator.signals:
         return calibrator
     head = load_acceptance_head(path, None if drafter is None else drafter.state_size)
+    if head is None and isinstance(drafter, FeatureDrafter):
+        head = drafter.acceptance_head()
+    elif head is None and trains_own_acceptance(read_artifact_config(path)):
+        return calibrator
     if head is None:
         raise ValueError(
             f"{file} calibrates the learned acceptance head, which {path} does not have: "
             "calibrate the artifact again on other signals, or train the head into it"
         )
     return calibrator if drafter is None else LearnedAcceptance(head, drafter, calibrator)
+
+
+def trains_own_acceptance(config: dict) -> bool:
+    """Whether an artifact's head (its config.json) holds a learned acceptance head of its own,
+    trained with it (DSpark's `confidence_head`)."""
+    head = config.get("head")
+    return isinstance(head, dict) and bool(head.get("confidence_head"))
 
 
 def load_acceptance_head(
