@@ -361,9 +361,11 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         states: list[torch.Tensor],
         logits: list[torch.Tensor],
     ) -> torch.Tensor | None:
-        """The confidence head's weighted binary cross-entropy against each depth's acceptance
-        rate, over the positions the objective counts (depth d at t: t + 1 + d inside the row,
-        loss_mask[t + d]); None without the target's logits."""
+        """The confidence head's binary cross-entropy (times `confidence_loss_weight`) against
+        each depth's acceptance rate, over the positions the objective counts (depth d at t:
+        t + 1 + d inside the row, loss_mask[t + d]); None without the target's logits. The
+        target's distribution is renormalised over the draft vocabulary, as speculators'
+        DSpark scores it (the drafter's distribution lies inside it)."""
         if batch.target_logits is None:
             return None
         target = batch.target_logits

@@ -9,16 +9,21 @@ anchor) and one mask row per token drafted. The block's rows are not kept.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from draftsmith.heads.block_drafter import BlockDrafter
+
+if TYPE_CHECKING:  # dflash.py builds this drafter
+    from draftsmith.heads.dflash import DFlashHead
 
 
 class DFlashDrafter(BlockDrafter):
     """`BlockDrafter` of a `DFlashHead`: the chain, tree, forks and commits are its; the block
     forward is DFlash's."""
 
-    def __init__(self, head, vocab_size: int, int4: bool | None = None) -> None:
+    def __init__(self, head: DFlashHead, vocab_size: int, int4: bool | None = None) -> None:
         super().__init__(head, vocab_size, int4)
         self.state_size = head.state_size
         # a confidence head's states read the previous token too
