@@ -36,7 +36,9 @@ class DFlashDrafter(BlockDrafter):
     ) -> torch.Tensor:
         previous = torch.tensor([previous])
         logits = self.head.logits(hidden, previous)[0].float()
-        return self._emit(logits, self.head.states(hidden, previous), on_target_vocab)
+        # the states only a states hook reads: none computed on the plain decode path
+        states = hidden if self._states_hook is None else self.head.states(hidden, previous)
+        return self._emit(logits, states, on_target_vocab)
 
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         super().start(prompt_ids, target_features)
