@@ -306,14 +306,17 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         bias = self.markov_head(self.markov_head.embed(previous), normed)
         return logits + bias.to(logits.dtype)
 
-    def states(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    def states(self, hidden: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
         """What a learned acceptance head reads of block outputs (..., H) whose previous tokens
-        are previous (...): the outputs themselves, or, with a confidence head, its features
-        (..., `state_size`): the normalised outputs, then the previous tokens' Markov rows."""
+        are previous (...; read only with the Markov rows): the outputs themselves, or, with a
+        confidence head, its features (..., `state_size`): the normalised outputs, then the
+        previous tokens' Markov rows."""
         if self.confidence_head is None:
             return hidden
         features = [self.norm(hidden)]
         if self.confidence_reads_markov:
+            if previous is None:
+                raise ValueError("a confidence head reading Markov rows needs the previous tokens")
             features.append(self.markov_head.embed(previous).to(features[0].dtype))
         return torch.cat(features, dim=-1)
 

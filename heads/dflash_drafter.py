@@ -26,19 +26,25 @@ class DFlashDrafter(BlockDrafter):
     def __init__(self, head: DFlashHead, vocab_size: int, int4: bool | None = None) -> None:
         super().__init__(head, vocab_size, int4)
         self.state_size = head.state_size
-        # a confidence head's states read the previous token too
-        self.conditions_on_previous = (
-            head.markov_head is not None or head.confidence_head is not None
-        )
+        # A Markov head's logits (and the confidence head's features beside it) follow the
+        # previous token; without one the block's rows are read at once.
+        self.conditions_on_previous = head.markov_head is not None
+
+    def _draft_logits(self, hidden: torch.Tensor, on_target_vocab: bool = False) -> torch.Tensor:
+        logits = self.head.logits(hidden)[0].float()
+        return self._emit(logits, self._states(hidden, None), on_target_vocab)
 
     def _row_logits(
         self, hidden: torch.Tensor, previous: list[int], on_target_vocab: bool = False
     ) -> torch.Tensor:
         previous = torch.tensor([previous])
         logits = self.head.logits(hidden, previous)[0].float()
-        # the states only a states hook reads: none computed on the plain decode path
-        states = hidden if self._states_hook is None else self.head.states(hidden, previous)
-        return self._emit(logits, states, on_target_vocab)
+        return self._emit(logits, self._states(hidden, previous), on_target_vocab)
+
+    def _states(self, hidden: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+        """What a states hook sees of rows hidden (1, k, H): computed only when one is set,
+        never on the plain decode path."""
+        return hidden if self._states_hook is None else self.head.states(hidden, previous)
 
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> None:
         super().start(prompt_ids, target_features)

@@ -248,6 +248,29 @@ def test_a_dspark_confidence_head_learns_each_rows_acceptance_rate(llama):
     assert error() < 0.5 * before
 
 
+@pytest.mark.parametrize("markov_rank", [8, 0])
+def test_a_confidence_heads_states_in_decoding_are_the_ones_it_trained_on(markov_rank, llama):
+    """The states a DFlash drafter with a confidence head hands a states hook are the ones
+    `forward_states` trains it on: the first drafted row's are the teacher-forced anchor's at the
+    prompt's last position. Without a Markov head nothing follows the previous token, so the
+    block's rows are read at once."""
+    args = {"num_steps": 3, "markov_rank": markov_rank, "confidence_head": True}
+    head = build_kind("dflash", llama, args)
+    prompt = torch.tensor(TRAIN_PROMPTS[2])
+    drafter = head.as_drafter(llama)
+    assert drafter.conditions_on_previous == bool(markov_rank)
+    emitted = []
+    drafter.expose_states(lambda logits, states: emitted.append(states.clone()))
+    SpeculativeDecoder(llama, drafter, policy=FixedPolicy(max_draft_tokens=3)).generate(
+        prompt, max_new_tokens=4
+    )
+    with torch.no_grad():
+        _, states = head.forward_states(target_batch(llama, head, prompt[None]))
+    first = emitted[0][0]
+    assert first.shape == (head.state_size,)
+    torch.testing.assert_close(first, states[0][0, -1], atol=1e-4, rtol=1e-4)
+
+
 def test_acceptance_rate_is_the_overlap_of_the_two_distributions():
     same = torch.tensor([[1.0, 2.0, 0.5]])
     assert torch.allclose(acceptance_rate(same, same), torch.ones(1))
