@@ -53,11 +53,13 @@ from draftsmith.heads.blocks import (
 )
 from draftsmith.heads.dflash_drafter import DFlashDrafter
 from draftsmith.heads.dspark import (
+    CONFIDENCE_TARGETS,
     MARKOV_HEAD_TYPES,
     BlockConfidence,
     ConfidenceHead,
     MarkovHead,
-    acceptance_rate,
+    confidence_loss,
+    confidence_targets,
 )
 from draftsmith.heads.eagle3 import resolve_feature_layers
 from draftsmith.heads.trainable import DraftHead, StepsConfig
@@ -94,7 +96,11 @@ class DFlashConfig(DraftVocabConfig, StepsConfig):
     """vanilla (the previous token alone) or gated (scaled by a gate from the row's state)."""
     confidence_head: bool = False
     """DSpark's confidence head: each row's acceptance rate predicted from its state, trained
-    beside the drafter with binary cross-entropy against sum_v min(p_v, q_v)."""
+    beside the drafter with binary cross-entropy against `confidence_target`."""
+    confidence_target: str = "overlap"
+    """What the confidence head learns: overlap, sum_v min(p_v, q_v), the rate sampling accepts
+    the row's token (speculators' DSpark); greedy, whether the row's top token is the target's,
+    the rate greedy decoding accepts it."""
     confidence_head_with_markov: bool = True
     """With a Markov head, the confidence head also reads the previous token's rank-r row."""
     confidence_loss_weight: float = 1.0
@@ -112,6 +118,11 @@ class DFlashConfig(DraftVocabConfig, StepsConfig):
             raise ValueError(
                 f"markov_head_type must be one of {', '.join(MARKOV_HEAD_TYPES)}, got "
                 f"{self.markov_head_type!r}"
+            )
+        if self.confidence_target not in CONFIDENCE_TARGETS:
+            raise ValueError(
+                f"confidence_target must be one of {', '.join(CONFIDENCE_TARGETS)}, got "
+                f"{self.confidence_target!r}"
             )
         if not self.confidence_loss_weight >= 0:
             raise ValueError(
@@ -354,41 +365,14 @@ class DFlashHead(DraftVocabulary, SharesTargetParts, DraftHead):
         previous = [F.pad(input_ids[:, d:], (0, d)) for d in range(self.num_steps)]
         logits = [self.logits(h, p) for h, p in zip(outputs, previous, strict=True)]
         states = [self.states(h, p) for h, p in zip(outputs, previous, strict=True)]
-        if self.confidence_head is not None:
-            self._auxiliary = self._confidence_loss(batch, states, logits)
+        self._auxiliary = None  # the confidence head learns where the target's logits are given
+        if self.confidence_head is not None and batch.target_logits is not None:
+            rates = confidence_targets(
+                logits, batch.target_logits, self.draft_to_target(), self.config.confidence_target
+            )
+            loss = confidence_loss(self.confidence_head, states, rates, batch.loss_mask)
+            self._auxiliary = self.config.confidence_loss_weight * loss
         return logits, states
-
-    def _confidence_loss(
-        self,
-        batch: TargetBatch,
-        states: list[torch.Tensor],
-        logits: list[torch.Tensor],
-    ) -> torch.Tensor | None:
-        """The confidence head's binary cross-entropy (times `confidence_loss_weight`) against
-        each depth's acceptance rate, over the positions the objective counts (depth d at t:
-        t + 1 + d inside the row, loss_mask[t + d]); None without the target's logits. The
-        target's distribution is renormalised over the draft vocabulary, as speculators'
-        DSpark scores it (the drafter's distribution lies inside it)."""
-        if batch.target_logits is None:
-            return None
-        target = batch.target_logits
-        d2t = self.draft_to_target()
-        if d2t is not None:
-            target = target.index_select(-1, d2t.to(target.device))
-        length = target.shape[1]
-        total, count = target.new_zeros((), dtype=torch.float32), 0
-        for d, (state, step) in enumerate(zip(states, logits, strict=True)):
-            n = length - 1 - d
-            if n <= 0:
-                continue
-            counted = batch.loss_mask[:, d : d + n].to(torch.bool)
-            with torch.no_grad():
-                rate = acceptance_rate(step[:, :n], target[:, d : d + n])
-            predicted = self.confidence_head(state[:, :n]).float()
-            loss = F.binary_cross_entropy_with_logits(predicted, rate, reduction="none")
-            total = total + loss.where(counted, 0.0).sum()
-            count += int(counted.sum())
-        return self.config.confidence_loss_weight * total / max(count, 1)
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """The confidence head's loss of the latest `forward_train`, when there is one."""

@@ -10,7 +10,8 @@ bias is an embedding lookup and one small matrix product a row.
 The confidence head is a linear read of each row's hidden state (and the previous token's W1
 row) giving the logit of that row's acceptance rate, trained against the rate the target's
 distribution gives the row's draft distribution, ``sum_v min(p_v, q_v)`` (one minus their total
-variation: the chance rejection sampling accepts the drafted token).
+variation: the chance rejection sampling accepts the drafted token), or against whether the
+row's top token is the target's (what greedy decoding accepts).
 
 Names and shapes follow speculators' `dspark` (`markov_head.markov_w1 / markov_w2 / gate_proj`,
 `confidence_head.proj`), so an export is a renaming. Its recurrent variant (`rnn`) is not
@@ -22,11 +23,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated")
 """vanilla: the bias depends on the previous token alone; gated: a sigmoid gate from the row's
 hidden state and the previous token scales its rank-r embedding first."""
+CONFIDENCE_TARGETS = ("overlap", "greedy")
+"""What a confidence head learns of each row: the chance sampling accepts its token (overlap),
+or whether greedy decoding does (greedy)."""
 
 
 class MarkovHead(nn.Module):
@@ -108,3 +113,54 @@ def acceptance_rate(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> 
     q = draft_logits.float().softmax(-1)
     p = target_logits.float().softmax(-1)
     return torch.minimum(p, q).sum(-1)
+
+
+def confidence_targets(
+    step_logits: list[torch.Tensor],
+    target_logits: torch.Tensor,
+    draft_to_target: torch.Tensor | None,
+    kind: str,
+) -> list[torch.Tensor]:
+    """Depth d's acceptance rates (B, T - 1 - d) float32: step_logits[d] (B, T, V_d) at anchor t
+    drafts token t + 1 + d, judged against target_logits (B, T, V) at t + d. overlap: the
+    target's distribution renormalised over the draft vocabulary (as speculators' DSpark scores
+    it: the draft's lies inside it); greedy: 1 where the draft's top token is the target's top
+    token of the whole vocabulary (one outside the draft vocabulary is never accepted)."""
+    length = target_logits.shape[1]
+    rates = []
+    for d, step in enumerate(step_logits):
+        n = max(length - 1 - d, 0)
+        target = target_logits[:, d : d + n]
+        with torch.no_grad():
+            if kind == "overlap":
+                if draft_to_target is not None:
+                    target = target.index_select(-1, draft_to_target.to(target.device))
+                rates.append(acceptance_rate(step[:, :n], target))
+            else:
+                drafted = step[:, :n].argmax(-1)
+                if draft_to_target is not None:
+                    drafted = draft_to_target.to(drafted.device)[drafted]
+                rates.append((drafted == target.argmax(-1)).float())
+    return rates
+
+
+def confidence_loss(
+    head: ConfidenceHead,
+    states: list[torch.Tensor],
+    rates: list[torch.Tensor],
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The confidence head's mean binary cross-entropy over depths and counted positions: depth
+    d's states (B, T, F) at anchors t < T - 1 - d against its rates (`confidence_targets`),
+    where loss_mask (B, T) counts token t + d."""
+    total, count = rates[0].new_zeros(()), 0
+    for d, (state, rate) in enumerate(zip(states, rates, strict=True)):
+        n = rate.shape[1]
+        if n == 0:
+            continue
+        counted = loss_mask[:, d : d + n].to(torch.bool)
+        predicted = head(state[:, :n]).float()
+        loss = F.binary_cross_entropy_with_logits(predicted, rate, reduction="none")
+        total = total + loss.where(counted, 0.0).sum()
+        count += int(counted.sum())
+    return total / max(count, 1)

@@ -18,7 +18,7 @@ from draftsmith.core.target import TargetBatch
 from draftsmith.heads import DraftHead, EagleConfig, MedusaConfig, build_draft_vocab, head_config
 from draftsmith.heads import build_head as build_kind
 from draftsmith.heads.blocks import causal_mask
-from draftsmith.heads.dspark import acceptance_rate
+from draftsmith.heads.dspark import acceptance_rate, confidence_targets
 from draftsmith.heads.state import LaggedFeatures
 
 
@@ -223,20 +223,27 @@ def test_eagle3_fc_init_is_standardised_on_a_sample(norm_before_fc, llama):
     assert torch.equal(kept.fc.weight, fresh.fc.weight)
 
 
-def test_a_dspark_confidence_head_learns_each_rows_acceptance_rate(llama):
-    """The confidence head's loss pulls sigmoid(its logit) toward sum_v min(p_v, q_v) of each
-    row: fitted alone on one batch, its mean error falls well below a fresh head's."""
-    head = build_head("dspark", llama)
+@pytest.mark.parametrize("confidence_target", ["overlap", "greedy"])
+def test_a_dspark_confidence_head_learns_each_rows_acceptance_rate(confidence_target, llama):
+    """The confidence head's loss pulls sigmoid(its logit) toward each row's acceptance rate,
+    sum_v min(p_v, q_v) (overlap) or whether the row's top token is the target's (greedy):
+    fitted alone on one batch, its mean error falls well below a fresh head's."""
+    head = build_kind(
+        "dflash", llama, {**HEADS["dspark"][1], "confidence_target": confidence_target}
+    )
     input_ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     batch = target_batch(llama, head, input_ids)
 
     def error() -> float:
         with torch.no_grad():
             logits, states = head.forward_states(batch)
-            target = batch.target_logits[..., head.draft_to_target()]
-            rate = acceptance_rate(logits[0][:, :-1], target[:, :-1])
+            d2t = head.draft_to_target()
+            if confidence_target == "overlap":
+                rate = acceptance_rate(logits[0][:, :-1], batch.target_logits[:, :-1, d2t])
+            else:
+                rate = d2t[logits[0][:, :-1].argmax(-1)] == batch.target_logits[:, :-1].argmax(-1)
             predicted = head.own_acceptance().predict(states[0][:, :-1], {})
-            return float((predicted - rate).abs().mean())
+            return float((predicted - rate.float()).abs().mean())
 
     before = error()
     optimizer = torch.optim.Adam(head.confidence_head.parameters(), lr=0.05)
@@ -246,6 +253,18 @@ def test_a_dspark_confidence_head_learns_each_rows_acceptance_rate(llama):
         head.auxiliary_loss().backward()
         optimizer.step()
     assert error() < 0.5 * before
+
+
+def test_greedy_confidence_targets_accept_the_targets_top_token_only():
+    """greedy: 1 where the drafted top token, mapped to a target id, is the target's top token
+    over the whole vocabulary; a target top token outside the draft vocabulary is never hit."""
+    d2t = torch.tensor([0, 2, 3])  # draft ids -> target ids; target id 1 cannot be drafted
+    draft = torch.tensor([[[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]]])  # tops: 2, 3, 0
+    target = torch.tensor([[[0.0, 0.0, 5.0, 0.0], [0.0, 5.0, 0.0, 0.0], [5.0, 0.0, 0.0, 0.0]]])
+    (rates,) = confidence_targets([draft], target, d2t, "greedy")
+    assert rates.tolist() == [[1.0, 0.0]]  # the last anchor drafts past the row: not judged
+    (overlap,) = confidence_targets([draft], target, d2t, "overlap")
+    assert overlap.shape == (1, 2) and 0 < float(overlap[0, 1]) < float(overlap[0, 0])
 
 
 @pytest.mark.parametrize("markov_rank", [8, 0])
