@@ -127,20 +127,21 @@ def confidence_targets(
     it: the draft's lies inside it); greedy: 1 where the draft's top token is the target's top
     token of the whole vocabulary (one outside the draft vocabulary is never accepted)."""
     length = target_logits.shape[1]
-    rates = []
-    for d, step in enumerate(step_logits):
-        n = max(length - 1 - d, 0)
-        target = target_logits[:, d : d + n]
-        with torch.no_grad():
-            if kind == "overlap":
-                if draft_to_target is not None:
-                    target = target.index_select(-1, draft_to_target.to(target.device))
-                rates.append(acceptance_rate(step[:, :n], target))
-            else:
-                drafted = step[:, :n].argmax(-1)
-                if draft_to_target is not None:
-                    drafted = draft_to_target.to(drafted.device)[drafted]
-                rates.append((drafted == target.argmax(-1)).float())
+    d2t = None if draft_to_target is None else draft_to_target.to(target_logits.device)
+    with torch.no_grad():  # once for every depth: the renormalised target, or its top tokens
+        if kind == "overlap" and d2t is not None:
+            target_logits = target_logits.index_select(-1, d2t)
+        top = target_logits.argmax(-1) if kind == "greedy" else None
+        rates = []
+        for d, step in enumerate(step_logits):
+            n = max(length - 1 - d, 0)
+            if top is None:
+                rates.append(acceptance_rate(step[:, :n], target_logits[:, d : d + n]))
+                continue
+            drafted = step[:, :n].argmax(-1)
+            if d2t is not None:
+                drafted = d2t[drafted]
+            rates.append((drafted == top[:, d : d + n]).float())
     return rates
 
 
